@@ -1,0 +1,1 @@
+"""Framework-free tools: config, registry, paths, network, and the parallel runners."""

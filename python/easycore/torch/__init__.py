@@ -1,0 +1,1 @@
+"""Tools that need PyTorch (install with ``pip install easycore[torch]``)."""

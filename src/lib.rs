@@ -1,0 +1,28 @@
+//! easycore's Rust core: the pieces of the runners' data path that must be fast and must not
+//! hang, with thin Python bindings (feature `python`) as the private module `easycore._core`.
+//!
+//! * [`shm`]: named shared-memory segments.
+//! * [`wait`]: futex wait/wake on a shared word; process liveness.
+//! * [`queue`]: the bounded inter-process message queue.
+//! * [`reorder`]: the sequence-ordered reorder buffer.
+//! * [`lock`]: the inter-process file lock.
+
+pub mod error;
+pub mod lock;
+pub mod queue;
+pub mod reorder;
+pub mod shm;
+pub mod wait;
+
+#[cfg(feature = "python")]
+mod python;
+
+#[cfg(feature = "python")]
+use pyo3::prelude::*;
+
+/// The extension module: registers the classes and functions of [`python`], nothing else.
+#[cfg(feature = "python")]
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    python::register(m)
+}

@@ -1,0 +1,428 @@
+//! `easycore._core.Queue`: the shared-memory queue for Python.
+//!
+//! Messages are `(seq, kind, parts)`. `put` borrows the parts' bytes through the buffer
+//! protocol and copies them once, into shared memory. `get` hands back part 0 as `bytes` and the
+//! other parts as writable buffers: a `bytearray` (one copy out of the ring) or, for messages
+//! that travelled in their own side segment, a zero-copy `ShmBuffer`.
+//! Small copies happen with the GIL held (cheaper than releasing it); waits and large copies
+//! happen with the GIL released, in ticks of at most 100 ms between signal checks.
+
+use super::buffers::{BorrowedParts, ShmBuffer};
+use super::errors::{make, to_py, IntoPy};
+use super::{deadline, expired, tick};
+use crate::error::CoreError;
+use crate::queue::{Claimed, Queue, QueueConfig};
+use pyo3::ffi;
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// Copies up to this many bytes with the GIL held; larger ones release it.
+const GIL_COPY_LIMIT: usize = 64 << 10;
+
+/// A bounded multi-process message queue in shared memory.
+#[pyclass(module = "easycore._core", name = "Queue", frozen)]
+pub struct PyQueue {
+    q: Queue,
+    wait_ns: AtomicU64,
+}
+
+/// Pending copies out of shared memory, done after the GIL is released.
+struct Copies(Vec<(*const u8, *mut u8, usize)>);
+
+// SAFETY: each source lies in a claimed record or side segment that stays claimed until the
+// copies finish; each destination is a freshly allocated bytearray no other thread has seen
+// yet. The pointers are used only inside the `detach` closure, before the claims are released.
+unsafe impl Send for Copies {}
+
+struct ClaimGuard<'a> {
+    q: &'a Queue,
+    claims: Vec<Claimed>,
+}
+
+impl Drop for ClaimGuard<'_> {
+    fn drop(&mut self) {
+        self.q.release(&mut self.claims);
+    }
+}
+
+fn split_parts<'py>(parts: &Bound<'py, PyAny>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    if parts.is_instance_of::<PyList>() || parts.is_instance_of::<PyTuple>() {
+        parts.try_iter()?.collect()
+    } else {
+        Ok(vec![parts.clone()])
+    }
+}
+
+fn new_bytes(py: Python<'_>, src: *const u8, len: usize) -> PyResult<Bound<'_, PyAny>> {
+    // SAFETY: `src` points at `len` readable bytes of a held claim; CPython copies them into a
+    // new bytes object (a new reference, checked for NULL).
+    unsafe {
+        let p = ffi::PyBytes_FromStringAndSize(src.cast(), len as ffi::Py_ssize_t);
+        Bound::from_owned_ptr_or_err(py, p)
+    }
+}
+
+impl PyQueue {
+    fn record_wait(&self, since: Instant) {
+        self.wait_ns
+            .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn put_all(
+        &self,
+        py: Python<'_>,
+        msgs: &[(u64, u32, &[&[u8]])],
+        total: usize,
+        deadline: Option<Instant>,
+    ) -> PyResult<usize> {
+        let mut done = 0;
+        if total <= GIL_COPY_LIMIT {
+            match self.q.put_many(msgs, Some(Instant::now())) {
+                Ok(n) => done = n,
+                Err(CoreError::Full) => {}
+                Err(e) => return Err(to_py(py, e)),
+            }
+            if done == msgs.len() {
+                return Ok(done);
+            }
+        }
+        let start = Instant::now();
+        let result = loop {
+            let t = tick(deadline);
+            let rest = &msgs[done..];
+            match py.detach(|| self.q.put_many(rest, Some(t))) {
+                Ok(n) => done += n,
+                Err(CoreError::Full) => {}
+                Err(e) => break Err(to_py(py, e)),
+            }
+            if done == msgs.len() {
+                break Ok(done);
+            }
+            if expired(deadline) {
+                break Err(make(
+                    py,
+                    "QueueFull",
+                    format!(
+                        "the queue is full: {done} of {} messages were put before the timeout",
+                        msgs.len()
+                    ),
+                ));
+            }
+            if let Err(e) = py.check_signals() {
+                break Err(e);
+            }
+        };
+        self.record_wait(start);
+        result
+    }
+
+    fn claim(
+        &self,
+        py: Python<'_>,
+        max: usize,
+        deadline: Option<Instant>,
+    ) -> PyResult<Vec<Claimed>> {
+        match self.q.claim(max, Some(Instant::now())) {
+            Ok(c) => return Ok(c),
+            Err(CoreError::Empty) if !expired(deadline) => {}
+            Err(e) => return Err(to_py(py, e)),
+        }
+        let start = Instant::now();
+        let result = loop {
+            let t = tick(deadline);
+            match py.detach(|| self.q.claim(max, Some(t))) {
+                Ok(c) => break Ok(c),
+                Err(CoreError::Empty) => {}
+                Err(e) => break Err(to_py(py, e)),
+            }
+            if expired(deadline) {
+                break Err(to_py(py, CoreError::Empty));
+            }
+            if let Err(e) = py.check_signals() {
+                break Err(e);
+            }
+        };
+        self.record_wait(start);
+        result
+    }
+
+    /// Builds `(seq, kind, [parts])` tuples and releases the claims.
+    fn materialize<'py>(
+        &self,
+        py: Python<'py>,
+        claims: Vec<Claimed>,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
+        let guard = ClaimGuard { q: &self.q, claims };
+        let mut copies = Copies(Vec::new());
+        let mut out = Vec::with_capacity(guard.claims.len());
+        for c in &guard.claims {
+            let mut parts = Vec::with_capacity(c.parts.len());
+            for (i, &(off, len)) in c.parts.iter().enumerate() {
+                let len = len as usize;
+                let src = self.q.part_ptr(c, i);
+                let obj = match (&c.side, i) {
+                    (Some(seg), i) if i > 0 => {
+                        Bound::new(py, ShmBuffer::new(seg.clone(), off as usize, len))?.into_any()
+                    }
+                    (_, 0) => new_bytes(py, src, len)?,
+                    _ if len <= GIL_COPY_LIMIT => {
+                        // SAFETY: as in `new_bytes`, copying into a new bytearray.
+                        unsafe {
+                            let p = ffi::PyByteArray_FromStringAndSize(
+                                src.cast(),
+                                len as ffi::Py_ssize_t,
+                            );
+                            Bound::from_owned_ptr_or_err(py, p)?
+                        }
+                    }
+                    _ => {
+                        // SAFETY: a NULL source makes CPython allocate `len` uninitialized
+                        // bytes; we fill all of them below, before anyone sees the object.
+                        unsafe {
+                            let p = ffi::PyByteArray_FromStringAndSize(
+                                std::ptr::null(),
+                                len as ffi::Py_ssize_t,
+                            );
+                            let b = Bound::from_owned_ptr_or_err(py, p)?;
+                            let dst = ffi::PyByteArray_AsString(b.as_ptr()) as *mut u8;
+                            copies.0.push((src, dst, len));
+                            b
+                        }
+                    }
+                };
+                parts.push(obj);
+            }
+            out.push(PyTuple::new(
+                py,
+                [
+                    c.seq.into_pyobject(py)?.into_any(),
+                    c.kind.into_pyobject(py)?.into_any(),
+                    PyList::new(py, parts)?.into_any(),
+                ],
+            )?);
+        }
+        if !copies.0.is_empty() {
+            py.detach(move || {
+                let copies = copies;
+                for (src, dst, len) in copies.0 {
+                    // SAFETY: see `Copies`; source and destination do not overlap.
+                    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+                }
+            });
+        }
+        drop(guard);
+        Ok(out)
+    }
+}
+
+#[pymethods]
+impl PyQueue {
+    /// Creates a queue in a new shared-memory segment owned by this process.
+    #[new]
+    #[pyo3(signature = (capacity_bytes = 64 << 20, max_messages = 65536, max_inline = None,
+                        side_budget = None, spin_us = 20))]
+    fn new(
+        py: Python<'_>,
+        capacity_bytes: u64,
+        max_messages: u64,
+        max_inline: Option<u64>,
+        side_budget: Option<u64>,
+        spin_us: u64,
+    ) -> PyResult<Self> {
+        let cfg = QueueConfig {
+            ring_bytes: capacity_bytes,
+            max_messages,
+            max_inline,
+            side_budget,
+        };
+        let mut q = py.detach(|| Queue::create(&cfg)).py_err()?;
+        q.set_spin(Duration::from_micros(spin_us));
+        Ok(PyQueue {
+            q,
+            wait_ns: AtomicU64::new(0),
+        })
+    }
+
+    /// Attaches to a queue by segment name (what pickling a Queue does in the receiving
+    /// process).
+    #[staticmethod]
+    #[pyo3(signature = (name, spin_us = 20))]
+    fn attach(name: &str, spin_us: u64) -> PyResult<Self> {
+        let mut q = Queue::attach(name).py_err()?;
+        q.set_spin(Duration::from_micros(spin_us));
+        Ok(PyQueue {
+            q,
+            wait_ns: AtomicU64::new(0),
+        })
+    }
+
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
+        let attach = slf.get_type().getattr("attach")?;
+        Ok((attach, (slf.get().q.name().to_owned(),)))
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<easycore Queue {} ring={} max_messages={} pending={}{}>",
+            self.q.name(),
+            self.q.ring_size(),
+            self.q.max_messages(),
+            self.q.len(),
+            if self.q.is_closed() { " closed" } else { "" }
+        )
+    }
+
+    /// The shared-memory segment's name.
+    #[getter]
+    fn name(&self) -> &str {
+        self.q.name()
+    }
+
+    /// Bytes in the ring.
+    #[getter]
+    fn ring_size(&self) -> u64 {
+        self.q.ring_size()
+    }
+
+    /// Largest record kept in the ring; larger messages travel in side segments.
+    #[getter]
+    fn max_inline(&self) -> u64 {
+        self.q.max_inline()
+    }
+
+    /// Most messages in the queue at once.
+    #[getter]
+    fn max_messages(&self) -> u64 {
+        self.q.max_messages()
+    }
+
+    /// Whether anyone closed the queue.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.q.is_closed()
+    }
+
+    /// Seconds this handle spent blocked in put/get.
+    #[getter]
+    fn wait_seconds(&self) -> f64 {
+        self.wait_ns.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
+    /// `(messages, payload_bytes)` put since creation, by everyone.
+    fn totals(&self) -> (u64, u64) {
+        self.q.totals()
+    }
+
+    /// Messages waiting to be got.
+    fn qsize(&self) -> u64 {
+        self.q.len()
+    }
+
+    fn __len__(&self) -> usize {
+        self.q.len() as usize
+    }
+
+    /// Whether no message waits.
+    fn empty(&self) -> bool {
+        self.q.is_empty()
+    }
+
+    /// Closes the queue for everyone: blocked calls wake with QueueClosed; gets drain first.
+    fn close(&self) {
+        self.q.close()
+    }
+
+    /// Removes the segment's name (call once every process has attached).
+    fn unlink(&self) -> PyResult<()> {
+        self.q.unlink().py_err()
+    }
+
+    /// Frees records left mid-write or mid-read by dead processes; returns how many.
+    fn recover(&self, py: Python<'_>) -> usize {
+        py.detach(|| self.q.recover())
+    }
+
+    /// Puts one message. `parts` is a bytes-like object or a list/tuple of them.
+    #[pyo3(signature = (seq, kind, parts, block = true, timeout = None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        seq: u64,
+        kind: u32,
+        parts: &Bound<'_, PyAny>,
+        block: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<()> {
+        let d = deadline(block, timeout)?;
+        let objs = split_parts(parts)?;
+        let views = BorrowedParts::new(&objs)?;
+        let slices = views.slices();
+        let msgs = [(seq, kind, &slices[..])];
+        let r = self.put_all(py, &msgs, views.total(), d);
+        drop(views);
+        r.map(|_| ())
+    }
+
+    /// Puts `(seq, kind, parts)` messages in order; returns how many (all, or raises
+    /// QueueFull naming how many were put before the timeout).
+    #[pyo3(signature = (messages, block = true, timeout = None))]
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        messages: &Bound<'_, PyAny>,
+        block: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<usize> {
+        let d = deadline(block, timeout)?;
+        let mut heads = Vec::new();
+        let mut objs = Vec::new();
+        let mut counts = Vec::new();
+        for m in messages.try_iter()? {
+            let (seq, kind, parts): (u64, u32, Bound<'_, PyAny>) = m?.extract()?;
+            let p = split_parts(&parts)?;
+            counts.push(p.len());
+            objs.extend(p);
+            heads.push((seq, kind));
+        }
+        let views = BorrowedParts::new(&objs)?;
+        let slices = views.slices();
+        let mut msgs = Vec::with_capacity(heads.len());
+        let mut at = 0;
+        for ((seq, kind), n) in heads.into_iter().zip(counts) {
+            msgs.push((seq, kind, &slices[at..at + n]));
+            at += n;
+        }
+        let r = self.put_all(py, &msgs, views.total(), d);
+        drop(views);
+        r
+    }
+
+    /// Gets one message as `(seq, kind, parts)`.
+    #[pyo3(signature = (block = true, timeout = None))]
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        block: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyTuple>> {
+        let d = deadline(block, timeout)?;
+        let claims = self.claim(py, 1, d)?;
+        Ok(self.materialize(py, claims)?.remove(0))
+    }
+
+    /// Gets between 1 and `max_messages` messages (blocking only for the first).
+    #[pyo3(signature = (max_messages = 64, block = true, timeout = None))]
+    fn get_many<'py>(
+        &self,
+        py: Python<'py>,
+        max_messages: usize,
+        block: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let d = deadline(block, timeout)?;
+        let claims = self.claim(py, max_messages.max(1), d)?;
+        PyList::new(py, self.materialize(py, claims)?)
+    }
+}

@@ -1,0 +1,1162 @@
+//! A bounded multi-producer multi-consumer message queue in one shared-memory segment.
+//!
+//! Each message carries a sequence number, a kind tag and a payload made of *parts* (byte
+//! strings written one after another, each 64-byte aligned), so a pickle stream and its
+//! protocol-5 out-of-band buffers travel without being joined first.
+//!
+//! # Algorithm
+//! A byte ring of variable-size *records*, in the spirit of a reserve/commit ring buffer
+//! (as in Linux's BPF ring buffer and LMAX-style disruptors), with three monotonic positions:
+//! `tail <= read <= head`. A writer *reserves* `[head, head+size)` under a short lock, copies its
+//! parts with no lock held, then *commits* by storing `READY` into the record's state word. A
+//! reader *claims* committed records at `read` in FIFO order under the lock, copies them out with
+//! no lock held, then *releases* them; `tail` advances over released records, which frees ring
+//! space. Messages whose record would exceed `max_inline` bytes go to a dedicated *side segment*
+//! (its own shared-memory file) and the ring holds only its name; the reader maps it and may hand
+//! out zero-copy views, so a message larger than the ring never stalls the queue.
+//!
+//! # Robustness: the lock and dead processes
+//! The lock is a word holding the pid of its holder (0 when free), taken by compare-and-swap; it
+//! guards only a few stores of positions and counters, never a copy or a wait. A process that
+//! dies holding it (SIGKILL) is detected by waiters (`kill(pid, 0)` fails) and the lock is taken
+//! over; every update under the lock is ordered so that any prefix of it leaves the ring
+//! consistent. A record left `WRITING` or `READING` by a dead process is marked `ABANDONED` by
+//! the next waiter whose wait times out ([`Queue::recover`]), its side segment unlinked, and the
+//! ring moves on. So no process can leave the others blocked forever.
+//!
+//! # Waiting
+//! Blocked readers wait on the futex word `data_seq`, bumped by every commit and by close;
+//! blocked writers on `space_seq`, bumped by every release and by close. Each side first spins
+//! for a few microseconds (most waits are short when both sides are busy), and the other side
+//! issues a wake system call only when someone is actually asleep.
+//!
+//! # Shared-memory layout (version 1), offsets from the segment start
+//! ```text
+//! [0, 4096)                    Header (#[repr(C)]; hot words on their own 128-byte lines)
+//! [4096, 4096 + ring_size)     ring of records; ring_size is a multiple of 64
+//! record at (pos % ring_size), 64-byte aligned:
+//!   [0, 64)    RecordHeader (#[repr(C)])
+//!   [64, ...)  inline body:  nparts x u64 part lengths, padded to 64, then each part padded to 64
+//!              side record:  the side segment's name (name_len bytes); the side segment holds
+//!                            the same body layout from its offset 0
+//! A record that would not fit before the end of the ring is preceded by a PAD record filling
+//! the rest of the ring.
+//! ```
+
+use crate::error::{CoreError, Result};
+use crate::shm::Segment;
+use crate::wait::{self, current_pid, pid_alive};
+use crossbeam_utils::Backoff;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// "easyqueu" in ASCII.
+pub const MAGIC: u64 = 0x6561_7379_7175_6575;
+/// Layout version; bumped on any change of the shared layout.
+pub const VERSION: u32 = 1;
+const HEADER_BYTES: usize = 4096;
+const ALIGN: u64 = 64;
+const REC_BYTES: u64 = 64;
+/// A waiter that sleeps this long without progress checks for dead processes.
+const RECOVER_TICK: Duration = Duration::from_millis(50);
+
+// Record states.
+const ST_WRITING: u32 = 1;
+const ST_READY: u32 = 2;
+const ST_READING: u32 = 3;
+const ST_DONE: u32 = 4;
+const ST_PAD: u32 = 5;
+const ST_ABANDONED: u32 = 6;
+
+const FLAG_SIDE: u32 = 1;
+
+/// One word on its own cache lines, so that writers and readers do not false-share.
+#[repr(C, align(128))]
+struct Padded<T>(T);
+
+/// The queue's control block, at offset 0 of the segment.
+#[repr(C)]
+struct Header {
+    /// [`MAGIC`], written last at creation: an attacher that sees it sees a ready queue.
+    magic: AtomicU64,
+    /// [`VERSION`].
+    version: AtomicU32,
+    /// pid of the creating process (owner of the segment name and of side-segment names).
+    owner_pid: AtomicU32,
+    /// Bytes in the ring (multiple of 64).
+    ring_size: AtomicU64,
+    /// At most this many messages are in the queue (reserved and not yet released).
+    max_msgs: AtomicU64,
+    /// Records larger than this go to a side segment.
+    max_inline: AtomicU64,
+    /// At most this many bytes of side segments are in flight, unless the queue holds none.
+    side_budget: AtomicU64,
+    /// 1 once closed.
+    closed: AtomicU32,
+    /// pid holding the lock, 0 when free.
+    lock: Padded<AtomicU32>,
+    /// threads asleep on `lock`.
+    lock_waiters: AtomicU32,
+    /// Under the lock: next byte to reserve.
+    head: AtomicU64,
+    /// Under the lock: next record to claim.
+    read: AtomicU64,
+    /// Under the lock: oldest byte not yet released.
+    tail: AtomicU64,
+    /// Under the lock: messages reserved and not yet released.
+    n_msgs: AtomicU64,
+    /// Under the lock: messages reserved and not yet claimed (the queue's visible length).
+    pending: AtomicU64,
+    /// Under the lock: side-segment bytes reserved and not yet released.
+    side_bytes: AtomicU64,
+    /// Bumped by every commit and by close; readers sleep on it.
+    data_seq: Padded<AtomicU32>,
+    readers_waiting: AtomicU32,
+    /// Bumped by every release and by close; writers sleep on it.
+    space_seq: Padded<AtomicU32>,
+    writers_waiting: AtomicU32,
+    /// Statistics: messages and payload bytes put.
+    total_puts: Padded<AtomicU64>,
+    total_bytes: AtomicU64,
+}
+
+/// The header of one record in the ring.
+#[repr(C)]
+struct RecordHeader {
+    state: AtomicU32,
+    /// pid of the writer (WRITING) or of the reader (READING).
+    owner: AtomicU32,
+    kind: AtomicU32,
+    nparts: AtomicU32,
+    seq: AtomicU64,
+    /// bytes this record takes in the ring, header included (multiple of 64)
+    size: AtomicU64,
+    /// bytes of body: inline, after the header; side, the side segment's length
+    body_len: AtomicU64,
+    flags: AtomicU32,
+    /// side records: length of the side segment's name stored after the header
+    name_len: AtomicU32,
+    _reserved: [u64; 2],
+}
+
+const _: () = assert!(std::mem::size_of::<RecordHeader>() == REC_BYTES as usize);
+const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
+
+fn align_up(n: u64, a: u64) -> u64 {
+    n.div_ceil(a) * a
+}
+
+/// Offsets of each part within a body, and the body's total length.
+pub fn body_layout(lens: &[usize]) -> (u64, Vec<u64>) {
+    let mut off = align_up(lens.len() as u64 * 8, ALIGN);
+    let mut offsets = Vec::with_capacity(lens.len());
+    for &l in lens {
+        offsets.push(off);
+        off = align_up(off + l as u64, ALIGN);
+    }
+    (off, offsets)
+}
+
+/// Sizes of a queue, chosen by its creator.
+#[derive(Clone, Debug)]
+pub struct QueueConfig {
+    /// Bytes in the ring (rounded up to a multiple of 64, at least 4 KiB).
+    pub ring_bytes: u64,
+    /// Most messages in the queue at once.
+    pub max_messages: u64,
+    /// Largest record kept in the ring; larger messages use a side segment.
+    /// Defaults to a quarter of the ring.
+    pub max_inline: Option<u64>,
+    /// Most side-segment bytes in flight (one message is always admitted when none is).
+    /// Defaults to the ring size.
+    pub side_budget: Option<u64>,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            ring_bytes: 64 << 20,
+            max_messages: 1 << 16,
+            max_inline: None,
+            side_budget: None,
+        }
+    }
+}
+
+/// A handle on a queue; every process holds its own (created, or attached by name).
+pub struct Queue {
+    seg: Segment,
+    ring_size: u64,
+    spin: Duration,
+}
+
+/// A claimed message: its record stays reserved until [`Queue::release`].
+#[derive(Debug)]
+pub struct Claimed {
+    pos: u64,
+    /// The message's sequence number.
+    pub seq: u64,
+    /// The message's kind tag.
+    pub kind: u32,
+    /// (offset, length) of each part: from the record's body in the ring, or from the start
+    /// of the side segment.
+    pub parts: Vec<(u64, u64)>,
+    /// The side segment, already unlinked, for large messages.
+    pub side: Option<Arc<Segment>>,
+    released: bool,
+}
+
+/// Where a writer may copy its parts.
+struct Reservation {
+    pos: u64,
+    side: Option<(String, u64)>,
+}
+
+struct LockGuard<'a> {
+    q: &'a Queue,
+}
+
+impl Drop for LockGuard<'_> {
+    fn drop(&mut self) {
+        let h = self.q.hdr();
+        h.lock.0.store(0, Ordering::Release);
+        if h.lock_waiters.load(Ordering::SeqCst) > 0 {
+            wait::wake_one(&h.lock.0);
+        }
+    }
+}
+
+impl Queue {
+    /// Creates a queue in a new shared-memory segment owned by this process.
+    pub fn create(cfg: &QueueConfig) -> Result<Queue> {
+        let ring = align_up(cfg.ring_bytes.max(4096), ALIGN);
+        if cfg.max_messages == 0 {
+            return Err(CoreError::Invalid("max_messages must be at least 1".into()));
+        }
+        let max_inline = cfg
+            .max_inline
+            .unwrap_or(ring / 4)
+            .clamp(REC_BYTES * 2, ring / 2);
+        let seg = Segment::create(HEADER_BYTES + ring as usize, current_pid())?;
+        let q = Queue {
+            seg,
+            ring_size: ring,
+            spin: Duration::from_micros(20),
+        };
+        let h = q.hdr();
+        h.version.store(VERSION, Ordering::Relaxed);
+        h.owner_pid.store(current_pid(), Ordering::Relaxed);
+        h.ring_size.store(ring, Ordering::Relaxed);
+        h.max_msgs.store(cfg.max_messages, Ordering::Relaxed);
+        h.max_inline.store(max_inline, Ordering::Relaxed);
+        h.side_budget
+            .store(cfg.side_budget.unwrap_or(ring).max(1), Ordering::Relaxed);
+        h.magic.store(MAGIC, Ordering::Release);
+        Ok(q)
+    }
+
+    /// Attaches to a queue created by another process (or this one) by its segment name.
+    pub fn attach(name: &str) -> Result<Queue> {
+        let seg = Segment::attach(name)?;
+        if seg.len() < HEADER_BYTES + 4096 {
+            return Err(CoreError::BadSegment(format!(
+                "{name} is too small for a queue"
+            )));
+        }
+        // SAFETY: the segment is at least HEADER_BYTES long and page aligned.
+        let h = unsafe { &*(seg.as_ptr() as *const Header) };
+        if h.magic.load(Ordering::Acquire) != MAGIC || h.version.load(Ordering::Relaxed) != VERSION
+        {
+            return Err(CoreError::BadSegment(format!(
+                "{name} is not an easycore queue of layout version {VERSION}"
+            )));
+        }
+        let ring = h.ring_size.load(Ordering::Relaxed);
+        if HEADER_BYTES as u64 + ring > seg.len() as u64 {
+            return Err(CoreError::BadSegment(format!(
+                "{name}: ring larger than segment"
+            )));
+        }
+        Ok(Queue {
+            seg,
+            ring_size: ring,
+            spin: Duration::from_micros(20),
+        })
+    }
+
+    /// Sets how long a blocked call spins before it sleeps (this handle only).
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+    }
+
+    fn hdr(&self) -> &Header {
+        // SAFETY: the segment starts with a Header (checked at attach, written at create); it is
+        // page aligned and lives as long as `self`. All fields are atomics.
+        unsafe { &*(self.seg.as_ptr() as *const Header) }
+    }
+
+    fn ring_ptr(&self) -> *mut u8 {
+        // SAFETY: HEADER_BYTES < segment length (checked at create/attach).
+        unsafe { self.seg.as_ptr().add(HEADER_BYTES) }
+    }
+
+    fn rec(&self, pos: u64) -> &RecordHeader {
+        let off = pos % self.ring_size;
+        debug_assert!(off % ALIGN == 0 && off + REC_BYTES <= self.ring_size);
+        // SAFETY: records start at 64-aligned offsets inside the ring and a whole header always
+        // fits before the ring's end (ring size is a multiple of 64); fields are atomics.
+        unsafe { &*(self.ring_ptr().add(off as usize) as *const RecordHeader) }
+    }
+
+    fn body_ptr(&self, pos: u64) -> *mut u8 {
+        // SAFETY: a record's body follows its header inside the ring (reserve never splits a
+        // record across the ring's end).
+        unsafe {
+            self.ring_ptr()
+                .add((pos % self.ring_size + REC_BYTES) as usize)
+        }
+    }
+
+    /// The segment's name: pass it to [`Queue::attach`] in another process.
+    pub fn name(&self) -> &str {
+        self.seg.name()
+    }
+
+    /// Removes the segment's name once every party has attached (memory stays mapped).
+    pub fn unlink(&self) -> Result<()> {
+        self.seg.unlink()
+    }
+
+    /// Ring size in bytes.
+    pub fn ring_size(&self) -> u64 {
+        self.ring_size
+    }
+
+    /// Largest record kept inline.
+    pub fn max_inline(&self) -> u64 {
+        self.hdr().max_inline.load(Ordering::Relaxed)
+    }
+
+    /// Most messages at once.
+    pub fn max_messages(&self) -> u64 {
+        self.hdr().max_msgs.load(Ordering::Relaxed)
+    }
+
+    /// Messages put and not yet claimed.
+    pub fn len(&self) -> u64 {
+        self.hdr().pending.load(Ordering::Relaxed)
+    }
+
+    /// Whether no message waits to be claimed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Messages and payload bytes put since creation.
+    pub fn totals(&self) -> (u64, u64) {
+        let h = self.hdr();
+        (
+            h.total_puts.0.load(Ordering::Relaxed),
+            h.total_bytes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Closes the queue: every blocked put and get wakes; puts fail from now on, gets fail once
+    /// the queue is drained.
+    pub fn close(&self) {
+        let h = self.hdr();
+        h.closed.store(1, Ordering::SeqCst);
+        h.data_seq.0.fetch_add(1, Ordering::SeqCst);
+        h.space_seq.0.fetch_add(1, Ordering::SeqCst);
+        wait::wake_all(&h.data_seq.0);
+        wait::wake_all(&h.space_seq.0);
+    }
+
+    /// Whether [`Queue::close`] was called by anyone.
+    pub fn is_closed(&self) -> bool {
+        self.hdr().closed.load(Ordering::SeqCst) != 0
+    }
+
+    fn lock(&self) -> LockGuard<'_> {
+        let h = self.hdr();
+        let me = current_pid();
+        let word = &h.lock.0;
+        if word
+            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
+        {
+            return LockGuard { q: self };
+        }
+        let backoff = Backoff::new();
+        loop {
+            let cur = word.load(Ordering::Relaxed);
+            if cur == 0 {
+                if word
+                    .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return LockGuard { q: self };
+                }
+                continue;
+            }
+            if !backoff.is_completed() {
+                backoff.snooze();
+                continue;
+            }
+            h.lock_waiters.fetch_add(1, Ordering::SeqCst);
+            wait::wait(word, cur, Some(Duration::from_millis(10)));
+            h.lock_waiters.fetch_sub(1, Ordering::SeqCst);
+            // Still held by the same pid after a long wait: take it over if that process died.
+            if word.load(Ordering::Relaxed) == cur
+                && !pid_alive(cur)
+                && word
+                    .compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+            {
+                return LockGuard { q: self };
+            }
+        }
+    }
+
+    // ----- writing -----
+
+    /// Reserves room for one message under the lock; `None` when it does not fit yet.
+    fn try_reserve(
+        &self,
+        h: &Header,
+        seq: u64,
+        kind: u32,
+        nparts: u32,
+        body: u64,
+    ) -> Result<Option<Reservation>> {
+        if h.closed.load(Ordering::SeqCst) != 0 {
+            return Err(CoreError::Closed);
+        }
+        if h.n_msgs.load(Ordering::Relaxed) >= h.max_msgs.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let inline_need = align_up(REC_BYTES + body, ALIGN);
+        let side = inline_need > h.max_inline.load(Ordering::Relaxed);
+        let (need, side_name) = if side {
+            let used = h.side_bytes.load(Ordering::Relaxed);
+            if used > 0 && used + body > h.side_budget.load(Ordering::Relaxed) {
+                return Ok(None);
+            }
+            let name = crate::shm::new_name_for(h.owner_pid.load(Ordering::Relaxed));
+            (align_up(REC_BYTES + name.len() as u64, ALIGN), Some(name))
+        } else {
+            (inline_need, None)
+        };
+        let mut head = h.head.load(Ordering::Relaxed);
+        let tail = h.tail.load(Ordering::Relaxed);
+        let r = self.ring_size;
+        if head == tail && head % r != 0 {
+            // Empty: restart at the ring's start so that any record up to half the ring fits.
+            head = align_up(head, r);
+            h.tail.store(head, Ordering::Relaxed);
+            h.read.store(head, Ordering::Relaxed);
+            h.head.store(head, Ordering::Relaxed);
+        }
+        let off = head % r;
+        let pad = if off + need > r { r - off } else { 0 };
+        if head + pad + need - tail > r {
+            return Ok(None);
+        }
+        if pad > 0 {
+            let p = self.rec(head);
+            p.size.store(pad, Ordering::Relaxed);
+            p.flags.store(0, Ordering::Relaxed);
+            p.state.store(ST_PAD, Ordering::Release);
+            head += pad;
+            h.head.store(head, Ordering::Relaxed);
+        }
+        let rec = self.rec(head);
+        rec.owner.store(current_pid(), Ordering::Relaxed);
+        rec.state.store(ST_WRITING, Ordering::Release);
+        rec.seq.store(seq, Ordering::Relaxed);
+        rec.kind.store(kind, Ordering::Relaxed);
+        rec.nparts.store(nparts, Ordering::Relaxed);
+        rec.size.store(need, Ordering::Relaxed);
+        rec.body_len.store(body, Ordering::Relaxed);
+        let side = side_name.map(|name| {
+            rec.flags.store(FLAG_SIDE, Ordering::Relaxed);
+            rec.name_len.store(name.len() as u32, Ordering::Relaxed);
+            // SAFETY: the record has `need >= 64 + name.len()` bytes reserved for us.
+            unsafe {
+                std::ptr::copy_nonoverlapping(name.as_ptr(), self.body_ptr(head), name.len())
+            };
+            h.side_bytes.fetch_add(body, Ordering::Relaxed);
+            (name, body)
+        });
+        if side.is_none() {
+            rec.flags.store(0, Ordering::Relaxed);
+        }
+        // Publish the reservation last, so a crash before this line leaves nothing reserved.
+        h.head.store(head + need, Ordering::Relaxed);
+        h.n_msgs.fetch_add(1, Ordering::Relaxed);
+        h.pending.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(Reservation { pos: head, side }))
+    }
+
+    /// Writes the parts of a reserved message and commits it (or abandons it on error).
+    fn fill_and_commit(&self, res: Reservation, parts: &[&[u8]]) -> Result<u64> {
+        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+        let (_, offsets) = body_layout(&lens);
+        let rec = self.rec(res.pos);
+        let outcome = match &res.side {
+            None => {
+                write_body(self.body_ptr(res.pos), parts, &offsets);
+                Ok(())
+            }
+            Some((name, len)) => Segment::create_named(name, *len as usize).map(|seg| {
+                write_body(seg.as_ptr(), parts, &offsets);
+                // The reader attaches by name; our handle must not unlink it on drop.
+                seg.forget_name();
+            }),
+        };
+        let h = self.hdr();
+        rec.state.store(
+            if outcome.is_ok() {
+                ST_READY
+            } else {
+                ST_ABANDONED
+            },
+            Ordering::Release,
+        );
+        h.data_seq.0.fetch_add(1, Ordering::SeqCst);
+        if h.readers_waiting.load(Ordering::SeqCst) > 0 {
+            wait::wake_all(&h.data_seq.0);
+        }
+        outcome.map(|_| lens.iter().sum::<usize>() as u64)
+    }
+
+    /// Puts one message; blocks until there is room or `deadline` passes (`None`: forever;
+    /// a deadline already past: do not block).
+    pub fn put(
+        &self,
+        seq: u64,
+        kind: u32,
+        parts: &[&[u8]],
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        self.put_many(&[(seq, kind, parts)], deadline).map(|_| ())
+    }
+
+    /// Puts messages in order, reserving as many as fit under one lock. Returns how many were
+    /// put: all of them, unless the deadline passed (then `Err(Full)` if none was put).
+    pub fn put_many(
+        &self,
+        msgs: &[(u64, u32, &[&[u8]])],
+        deadline: Option<Instant>,
+    ) -> Result<usize> {
+        let h = self.hdr();
+        let bodies: Vec<u64> = msgs
+            .iter()
+            .map(|(_, _, parts)| {
+                let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
+                body_layout(&lens).0
+            })
+            .collect();
+        let mut done = 0;
+        let mut batch = Vec::new();
+        while done < msgs.len() {
+            let seen = h.space_seq.0.load(Ordering::SeqCst);
+            {
+                let _g = self.lock();
+                for (i, (seq, kind, parts)) in msgs.iter().enumerate().skip(done) {
+                    match self.try_reserve(h, *seq, *kind, parts.len() as u32, bodies[i])? {
+                        Some(r) => batch.push((r, i)),
+                        None => break,
+                    }
+                }
+            }
+            if !batch.is_empty() {
+                let mut bytes = 0;
+                let n = batch.len() as u64;
+                let mut first_err = None;
+                for (r, i) in batch.drain(..) {
+                    match self.fill_and_commit(r, msgs[i].2) {
+                        Ok(b) => bytes += b,
+                        Err(e) => {
+                            first_err.get_or_insert(e);
+                        }
+                    }
+                    done = i + 1;
+                }
+                h.total_puts.0.fetch_add(n, Ordering::Relaxed);
+                h.total_bytes.fetch_add(bytes, Ordering::Relaxed);
+                if let Some(e) = first_err {
+                    return Err(e);
+                }
+                continue;
+            }
+            if !self.wait_for(&h.space_seq.0, &h.writers_waiting, seen, deadline) {
+                return if done > 0 {
+                    Ok(done)
+                } else {
+                    Err(CoreError::Full)
+                };
+            }
+        }
+        Ok(done)
+    }
+
+    /// Spins, then sleeps on `word` while it holds `seen`, until `deadline`. Returns false if
+    /// the deadline passed. Runs a dead-process check when a sleep ends without progress.
+    fn wait_for(
+        &self,
+        word: &AtomicU32,
+        waiting: &AtomicU32,
+        seen: u32,
+        deadline: Option<Instant>,
+    ) -> bool {
+        let start = Instant::now();
+        if deadline.is_some_and(|d| start >= d) {
+            return false;
+        }
+        let backoff = Backoff::new();
+        while word.load(Ordering::SeqCst) == seen {
+            if start.elapsed() >= self.spin {
+                let now = Instant::now();
+                let left = match deadline {
+                    Some(d) if d <= now => return false,
+                    Some(d) => (d - now).min(RECOVER_TICK),
+                    None => RECOVER_TICK,
+                };
+                waiting.fetch_add(1, Ordering::SeqCst);
+                wait::wait(word, seen, Some(left));
+                waiting.fetch_sub(1, Ordering::SeqCst);
+                if word.load(Ordering::SeqCst) == seen {
+                    self.recover();
+                }
+                return true;
+            }
+            backoff.snooze();
+        }
+        true
+    }
+
+    // ----- reading -----
+
+    /// Claims up to `max` committed messages in FIFO order; blocks for the first one until
+    /// `deadline` (`None`: forever). Each claim must be given back to [`Queue::release`].
+    pub fn claim(&self, max: usize, deadline: Option<Instant>) -> Result<Vec<Claimed>> {
+        let h = self.hdr();
+        let mut out = Vec::new();
+        loop {
+            let seen = h.data_seq.0.load(Ordering::SeqCst);
+            let mut side_names = Vec::new();
+            {
+                let _g = self.lock();
+                let head = h.head.load(Ordering::Relaxed);
+                let mut read = h.read.load(Ordering::Relaxed);
+                while read < head && out.len() < max.max(1) {
+                    let rec = self.rec(read);
+                    let size = rec.size.load(Ordering::Relaxed);
+                    match rec.state.load(Ordering::Acquire) {
+                        ST_PAD => {}
+                        ST_ABANDONED => {
+                            h.pending.fetch_sub(1, Ordering::Relaxed);
+                        }
+                        ST_READY => {
+                            rec.owner.store(current_pid(), Ordering::Relaxed);
+                            rec.state.store(ST_READING, Ordering::Relaxed);
+                            h.pending.fetch_sub(1, Ordering::Relaxed);
+                            out.push(self.describe(read, rec));
+                            if rec.flags.load(Ordering::Relaxed) & FLAG_SIDE != 0 {
+                                side_names.push((out.len() - 1, self.side_name(read, rec)));
+                            }
+                        }
+                        _ => break, // WRITING: FIFO order waits for it
+                    }
+                    read += size;
+                }
+                h.read.store(read, Ordering::Relaxed);
+            }
+            if !out.is_empty() {
+                self.open_sides(&mut out, side_names)?;
+                return Ok(out);
+            }
+            if h.closed.load(Ordering::SeqCst) != 0 && h.pending.load(Ordering::Relaxed) == 0 {
+                return Err(CoreError::Closed);
+            }
+            if !self.wait_for(&h.data_seq.0, &h.readers_waiting, seen, deadline) {
+                return Err(CoreError::Empty);
+            }
+        }
+    }
+
+    fn describe(&self, pos: u64, rec: &RecordHeader) -> Claimed {
+        let nparts = rec.nparts.load(Ordering::Relaxed) as usize;
+        Claimed {
+            pos,
+            seq: rec.seq.load(Ordering::Relaxed),
+            kind: rec.kind.load(Ordering::Relaxed),
+            parts: Vec::with_capacity(nparts),
+            side: None,
+            released: false,
+        }
+    }
+
+    fn side_name(&self, pos: u64, rec: &RecordHeader) -> String {
+        let n = (rec.name_len.load(Ordering::Relaxed) as usize).min(ALIGN as usize * 2);
+        let mut buf = vec![0u8; n];
+        // SAFETY: the writer stored `name_len` bytes of name after the header under the lock.
+        unsafe { std::ptr::copy_nonoverlapping(self.body_ptr(pos), buf.as_mut_ptr(), n) };
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// Maps side segments and reads every claim's part table.
+    fn open_sides(&self, out: &mut [Claimed], sides: Vec<(usize, String)>) -> Result<()> {
+        let mut err = None;
+        for (i, name) in sides {
+            match Segment::attach(&name) {
+                Ok(seg) => {
+                    let _ = seg.unlink();
+                    out[i].side = Some(Arc::new(seg));
+                }
+                Err(e) => {
+                    let _ = crate::shm::unlink_name(&name);
+                    err.get_or_insert(e);
+                }
+            }
+        }
+        for c in out.iter_mut() {
+            let rec = self.rec(c.pos);
+            let n = rec.nparts.load(Ordering::Relaxed) as usize;
+            let base = match &c.side {
+                Some(seg) => seg.as_ptr() as *const u8,
+                None => self.body_ptr(c.pos) as *const u8,
+            };
+            let mut lens = Vec::with_capacity(n);
+            for k in 0..n {
+                // SAFETY: the part table (n u64 lengths) starts the body; the writer filled it
+                // before committing, and we hold the claim.
+                let l = unsafe { (base as *const u64).add(k).read_unaligned() };
+                lens.push(l as usize);
+            }
+            let (_, offsets) = body_layout(&lens);
+            c.parts = offsets
+                .into_iter()
+                .zip(lens)
+                .map(|(o, l)| (o, l as u64))
+                .collect();
+        }
+        match err {
+            Some(e) => {
+                self.release(out);
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Address of part `i` of a claim (inside the ring or the side segment).
+    pub fn part_ptr(&self, c: &Claimed, i: usize) -> *const u8 {
+        let (off, _) = c.parts[i];
+        let base = match &c.side {
+            Some(seg) => seg.as_ptr() as *const u8,
+            None => self.body_ptr(c.pos) as *const u8,
+        };
+        // SAFETY: offsets come from the body layout and lie inside the body.
+        unsafe { base.add(off as usize) }
+    }
+
+    /// Gives claims back: their ring space is freed once every earlier record is released too.
+    pub fn release(&self, claims: &mut [Claimed]) {
+        let h = self.hdr();
+        let _g = self.lock();
+        for c in claims.iter_mut().filter(|c| !c.released) {
+            self.rec(c.pos).state.store(ST_DONE, Ordering::Release);
+            c.released = true;
+        }
+        self.advance_tail(h);
+    }
+
+    fn advance_tail(&self, h: &Header) {
+        let read = h.read.load(Ordering::Relaxed);
+        let mut tail = h.tail.load(Ordering::Relaxed);
+        let start = tail;
+        while tail < read {
+            let rec = self.rec(tail);
+            let st = rec.state.load(Ordering::Acquire);
+            if !matches!(st, ST_DONE | ST_PAD | ST_ABANDONED) {
+                break;
+            }
+            if st != ST_PAD {
+                h.n_msgs.fetch_sub(1, Ordering::Relaxed);
+                if rec.flags.load(Ordering::Relaxed) & FLAG_SIDE != 0 {
+                    h.side_bytes
+                        .fetch_sub(rec.body_len.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+            }
+            tail += rec.size.load(Ordering::Relaxed);
+        }
+        if tail != start {
+            h.tail.store(tail, Ordering::Relaxed);
+            h.space_seq.0.fetch_add(1, Ordering::SeqCst);
+            if h.writers_waiting.load(Ordering::SeqCst) > 0 {
+                wait::wake_all(&h.space_seq.0);
+            }
+        }
+    }
+
+    /// Marks records left mid-write or mid-read by dead processes as abandoned, unlinks their
+    /// side segments and frees their space. Returns how many were recovered. Waiters call this
+    /// on their own whenever a sleep ends without progress.
+    pub fn recover(&self) -> usize {
+        let h = self.hdr();
+        let mut found = 0;
+        let mut dead_cache: Vec<(u32, bool)> = Vec::new();
+        let mut alive = |pid: u32| -> bool {
+            if let Some(&(_, a)) = dead_cache.iter().find(|(p, _)| *p == pid) {
+                return a;
+            }
+            let a = pid_alive(pid);
+            dead_cache.push((pid, a));
+            a
+        };
+        let _g = self.lock();
+        let head = h.head.load(Ordering::Relaxed);
+        let mut pos = h.tail.load(Ordering::Relaxed);
+        while pos < head {
+            let rec = self.rec(pos);
+            let st = rec.state.load(Ordering::Acquire);
+            if (st == ST_WRITING || st == ST_READING) && !alive(rec.owner.load(Ordering::Relaxed)) {
+                if rec.flags.load(Ordering::Relaxed) & FLAG_SIDE != 0 {
+                    let _ = crate::shm::unlink_name(&self.side_name(pos, rec));
+                }
+                rec.state.store(ST_ABANDONED, Ordering::Release);
+                found += 1;
+            }
+            pos += rec.size.load(Ordering::Relaxed).max(ALIGN);
+        }
+        if found > 0 {
+            self.advance_tail(h);
+            h.data_seq.0.fetch_add(1, Ordering::SeqCst);
+            wait::wake_all(&h.data_seq.0);
+        }
+        found
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // The owner removes side segments of messages nobody will read any more: once the
+        // owner drops its handle the queue is over (a forked child's copy has another pid).
+        let h = self.hdr();
+        if h.owner_pid.load(Ordering::Relaxed) != current_pid() {
+            return;
+        }
+        let head = h.head.load(Ordering::Relaxed);
+        let mut pos = h.read.load(Ordering::Relaxed);
+        while pos < head {
+            let rec = self.rec(pos);
+            if rec.flags.load(Ordering::Relaxed) & FLAG_SIDE != 0
+                && rec.state.load(Ordering::Acquire) != ST_PAD
+            {
+                let _ = crate::shm::unlink_name(&self.side_name(pos, rec));
+            }
+            pos += rec.size.load(Ordering::Relaxed).max(ALIGN);
+        }
+    }
+}
+
+fn write_body(base: *mut u8, parts: &[&[u8]], offsets: &[u64]) {
+    for (k, (p, off)) in parts.iter().zip(offsets).enumerate() {
+        // SAFETY: `base` points at a body reserved for exactly this layout: a table of
+        // `parts.len()` u64 lengths, then each part at its offset; nobody else touches it
+        // until the record is committed.
+        unsafe {
+            (base as *mut u64).add(k).write_unaligned(p.len() as u64);
+            std::ptr::copy_nonoverlapping(p.as_ptr(), base.add(*off as usize), p.len());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+    use std::thread;
+
+    fn small(ring: u64) -> Queue {
+        Queue::create(&QueueConfig {
+            ring_bytes: ring,
+            max_messages: 1 << 20,
+            max_inline: None,
+            side_budget: None,
+        })
+        .unwrap()
+    }
+
+    /// Gets one message and returns (seq, kind, parts as owned vectors).
+    fn get(q: &Queue, deadline: Option<Instant>) -> Result<(u64, u32, Vec<Vec<u8>>)> {
+        let mut c = q.claim(1, deadline)?;
+        let m = &c[0];
+        let parts = (0..m.parts.len())
+            .map(|i| {
+                let len = m.parts[i].1 as usize;
+                // SAFETY: the claim is held; the part lies inside its body.
+                unsafe { std::slice::from_raw_parts(q.part_ptr(m, i), len).to_vec() }
+            })
+            .collect();
+        let out = (m.seq, m.kind, parts);
+        q.release(&mut c);
+        Ok(out)
+    }
+
+    fn payload(producer: u64, i: u64) -> Vec<u8> {
+        let len = ((producer * 31 + i * 17) % 300) as usize;
+        (0..len).map(|k| (k as u64 ^ i ^ producer) as u8).collect()
+    }
+
+    #[test]
+    fn round_trip_keeps_parts_and_tags() {
+        let q = small(1 << 16);
+        q.put(7, 3, &[b"pickle", b"", &[9u8; 100]], None).unwrap();
+        let (seq, kind, parts) = get(&q, None).unwrap();
+        assert_eq!((seq, kind), (7, 3));
+        assert_eq!(parts, vec![b"pickle".to_vec(), vec![], vec![9u8; 100]]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn zero_parts_and_zero_length_messages() {
+        let q = small(4096);
+        for i in 0..1000 {
+            q.put(i, 0, &[], None).unwrap();
+            let (seq, _, parts) = get(&q, None).unwrap();
+            assert_eq!(seq, i);
+            assert!(parts.is_empty());
+        }
+    }
+
+    #[test]
+    fn wraps_around_many_times_with_odd_sizes() {
+        let q = small(8192);
+        for i in 0..20_000u64 {
+            let p = payload(1, i);
+            q.put(i, 1, &[&p], None).unwrap();
+            if i % 3 == 2 {
+                for j in i - 2..=i {
+                    let (seq, _, parts) = get(&q, None).unwrap();
+                    assert_eq!(seq, j);
+                    assert_eq!(parts[0], payload(1, j));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn oversized_messages_use_side_segments() {
+        let q = small(8192);
+        let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+        q.put(1, 0, &[b"hdr", &big], None).unwrap();
+        q.put(2, 0, &[b"x"], None).unwrap();
+        let mut c = q.claim(2, None).unwrap();
+        assert!(c[0].side.is_some());
+        assert!(c[1].side.is_none());
+        let len = c[0].parts[1].1 as usize;
+        // SAFETY: claim held.
+        let got = unsafe { std::slice::from_raw_parts(q.part_ptr(&c[0], 1), len) };
+        assert_eq!(got, &big[..]);
+        let side = c[0].side.clone().unwrap();
+        q.release(&mut c);
+        // The side segment was unlinked at claim: nobody else can attach any more.
+        assert!(Segment::attach(side.name()).is_err());
+    }
+
+    #[test]
+    fn bounded_in_messages_and_nonblocking_calls() {
+        let q = Queue::create(&QueueConfig {
+            ring_bytes: 1 << 16,
+            max_messages: 3,
+            max_inline: None,
+            side_budget: None,
+        })
+        .unwrap();
+        let now = Some(Instant::now());
+        for i in 0..3 {
+            q.put(i, 0, &[b"a"], now).unwrap();
+        }
+        assert!(matches!(q.put(3, 0, &[b"a"], now), Err(CoreError::Full)));
+        assert_eq!(q.len(), 3);
+        get(&q, now).unwrap();
+        q.put(3, 0, &[b"a"], now).unwrap();
+        for _ in 0..3 {
+            get(&q, now).unwrap();
+        }
+        assert!(matches!(get(&q, now), Err(CoreError::Empty)));
+    }
+
+    #[test]
+    fn bounded_in_bytes() {
+        let q = small(4096);
+        let chunk = vec![1u8; 900];
+        let now = Some(Instant::now());
+        let mut n = 0;
+        while q.put(n, 0, &[&chunk], now).is_ok() {
+            n += 1;
+            assert!(n < 10, "ring of 4 KiB took more than 4 KiB");
+        }
+        assert!(n >= 2);
+    }
+
+    #[test]
+    fn close_wakes_blocked_readers_and_writers() {
+        let q = Arc::new(small(4096));
+        let r = {
+            let q = q.clone();
+            thread::spawn(move || get(&q, None).map(|_| ()))
+        };
+        let full = Arc::new(
+            Queue::create(&QueueConfig {
+                ring_bytes: 4096,
+                max_messages: 1,
+                max_inline: None,
+                side_budget: None,
+            })
+            .unwrap(),
+        );
+        full.put(0, 0, &[], None).unwrap();
+        let w = {
+            let full = full.clone();
+            thread::spawn(move || full.put(1, 0, &[], None))
+        };
+        thread::sleep(Duration::from_millis(50));
+        q.close();
+        full.close();
+        assert!(matches!(r.join().unwrap(), Err(CoreError::Closed)));
+        assert!(matches!(w.join().unwrap(), Err(CoreError::Closed)));
+        // Closed queues still hand out what they hold, then report Closed.
+        assert_eq!(get(&full, None).unwrap().0, 0);
+        assert!(matches!(get(&full, None), Err(CoreError::Closed)));
+    }
+
+    #[test]
+    fn stress_many_writers_many_readers_no_loss_no_dup_fifo_per_writer() {
+        const WRITERS: u64 = 4;
+        const READERS: usize = 3;
+        const PER: u64 = 20_000;
+        let q = Arc::new(small(1 << 15));
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|w| {
+                let q = q.clone();
+                thread::spawn(move || {
+                    let mut i = 0;
+                    while i < PER {
+                        // Alternate single puts and batches.
+                        if i % 5 == 0 && i + 4 <= PER {
+                            let ps: Vec<Vec<u8>> = (i..i + 4).map(|k| payload(w, k)).collect();
+                            let parts: Vec<[&[u8]; 1]> = ps.iter().map(|p| [&p[..]]).collect();
+                            let msgs: Vec<(u64, u32, &[&[u8]])> = (0..4)
+                                .map(|k| ((w << 32) | (i + k as u64), w as u32, &parts[k][..]))
+                                .collect();
+                            assert_eq!(q.put_many(&msgs, None).unwrap(), 4);
+                            i += 4;
+                        } else {
+                            let p = payload(w, i);
+                            q.put((w << 32) | i, w as u32, &[&p], None).unwrap();
+                            i += 1;
+                        }
+                    }
+                })
+            })
+            .collect();
+        let readers: Vec<_> = (0..READERS)
+            .map(|_| {
+                let q = q.clone();
+                thread::spawn(move || {
+                    let mut seen: HashMap<u64, Vec<u64>> = HashMap::new();
+                    loop {
+                        let mut c = match q.claim(16, None) {
+                            Ok(c) => c,
+                            Err(CoreError::Closed) => break,
+                            Err(e) => panic!("{e}"),
+                        };
+                        for m in &c {
+                            let w = m.seq >> 32;
+                            let i = m.seq & 0xffff_ffff;
+                            assert_eq!(m.kind as u64, w);
+                            let len = m.parts[0].1 as usize;
+                            // SAFETY: claim held.
+                            let got = unsafe { std::slice::from_raw_parts(q.part_ptr(m, 0), len) };
+                            assert_eq!(got, &payload(w, i)[..], "payload of {w}/{i}");
+                            seen.entry(w).or_default().push(i);
+                        }
+                        q.release(&mut c);
+                    }
+                    seen
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        q.close();
+        let mut all: HashMap<u64, Vec<u64>> = HashMap::new();
+        for r in readers {
+            for (w, v) in r.join().unwrap() {
+                // Each reader claims in FIFO order, so its share of one writer is increasing.
+                assert!(
+                    v.windows(2).all(|p| p[0] < p[1]),
+                    "FIFO broken for writer {w}"
+                );
+                all.entry(w).or_default().extend(v);
+            }
+        }
+        for w in 0..WRITERS {
+            let mut v = all.remove(&w).unwrap();
+            v.sort_unstable();
+            assert_eq!(
+                v,
+                (0..PER).collect::<Vec<_>>(),
+                "loss or duplicate for writer {w}"
+            );
+        }
+    }
+
+    #[test]
+    fn record_of_a_dead_writer_is_abandoned_and_skipped() {
+        let q = small(1 << 14);
+        let h = q.hdr();
+        {
+            let _g = q.lock();
+            let r = q.try_reserve(h, 1, 0, 0, 0).unwrap().unwrap();
+            // Pretend a process that no longer exists holds it.
+            q.rec(r.pos)
+                .owner
+                .store((i32::MAX - 3) as u32, Ordering::Relaxed);
+        }
+        q.put(2, 0, &[b"ok"], None).unwrap();
+        // The reader would wait behind the dead record; recovery lets it through.
+        let (seq, _, _) = get(&q, Some(Instant::now() + Duration::from_secs(5))).unwrap();
+        assert_eq!(seq, 2);
+    }
+
+    #[test]
+    fn lock_held_by_a_dead_process_is_taken_over() {
+        let q = small(4096);
+        q.hdr()
+            .lock
+            .0
+            .store((i32::MAX - 5) as u32, Ordering::SeqCst);
+        q.put(1, 0, &[], None).unwrap();
+        assert_eq!(get(&q, None).unwrap().0, 1);
+    }
+
+    #[test]
+    fn attach_checks_the_layout() {
+        let q = small(4096);
+        let other = Queue::attach(q.name()).unwrap();
+        other.put(5, 1, &[b"hi"], None).unwrap();
+        assert_eq!(get(&q, None).unwrap().2[0], b"hi");
+        let seg = Segment::create(8192, current_pid()).unwrap();
+        assert!(matches!(
+            Queue::attach(seg.name()),
+            Err(CoreError::BadSegment(_))
+        ));
+    }
+}
