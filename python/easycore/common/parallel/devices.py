@@ -1,0 +1,84 @@
+"""Parsing of the ``devices`` argument and the choice of a start method."""
+
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from collections.abc import Iterable
+
+from easycore.errors import InvalidArgument
+
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?|mps|xpu(:\d+)?)$")
+START_METHODS = ("fork", "spawn", "forkserver")
+
+
+def parse_devices(devices: int | Iterable[str]) -> list[str]:
+    """Turns ``devices`` into a list of device strings.
+
+    Args:
+        devices (int or Iterable[str]): a count of ``"cpu"`` producers, or device strings
+            such as ``["cpu", "cuda:0", "cuda:1"]``.
+
+    Returns:
+        list[str]: one device per producer process.
+
+    Raises:
+        InvalidArgument: for a count below 1, an empty list, or an unknown device string.
+    """
+    if isinstance(devices, bool):
+        raise InvalidArgument(f"devices must be an int or an iterable of str, got {devices!r}")
+    if isinstance(devices, int):
+        if devices < 1:
+            raise InvalidArgument(f"devices must be at least 1, got {devices}")
+        return ["cpu"] * devices
+    if isinstance(devices, str):
+        devices = [devices]
+    try:
+        out = list(devices)
+    except TypeError:
+        raise InvalidArgument(
+            f"devices must be an int or an iterable of str, got {type(devices).__name__}"
+        ) from None
+    if not out:
+        raise InvalidArgument("devices is empty: give at least one device, e.g. ['cpu']")
+    for d in out:
+        if not isinstance(d, str) or not _DEVICE.match(d):
+            raise InvalidArgument(
+                f"unknown device {d!r}: use 'cpu', 'cuda', 'cuda:N', 'mps' or 'xpu:N'"
+            )
+    return out
+
+
+def uses_gpu(devices: list[str]) -> bool:
+    """Whether any device is an accelerator (which must not be used in a forked child)."""
+    return any(d != "cpu" for d in devices)
+
+
+def choose_start_method(requested: str | None, devices: list[str]) -> str:
+    """The start method for producer processes.
+
+    The default is ``"fork"`` (fastest start, and hooks defined anywhere work) when it is
+    safe: on Linux, with CPU devices only, and while the calling process runs a single
+    thread. Otherwise ``"spawn"``: forking a process that holds CUDA state or other threads
+    can deadlock or crash the child. Accelerator devices always use ``"spawn"``.
+
+    Raises:
+        InvalidArgument: for an unknown method, or ``"fork"`` with an accelerator device.
+    """
+    if requested is not None:
+        if requested not in START_METHODS:
+            raise InvalidArgument(
+                f"start_method must be one of {START_METHODS} or None, got {requested!r}"
+            )
+        if requested == "fork" and uses_gpu(devices):
+            raise InvalidArgument(
+                "start_method='fork' cannot be used with GPU devices (CUDA does not survive "
+                "fork); use 'spawn' or leave start_method=None"
+            )
+        return requested
+    if uses_gpu(devices) or not sys.platform.startswith("linux"):
+        return "spawn"
+    if threading.active_count() > 1:
+        return "spawn"
+    return "fork"
