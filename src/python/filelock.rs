@@ -53,8 +53,8 @@ impl PyFileLock {
 
     /// The locked file.
     #[getter]
-    fn path(&self) -> PathBuf {
-        self.path.clone()
+    fn path(&self) -> String {
+        self.path.to_string_lossy().into_owned()
     }
 
     /// Whether this object holds the lock.

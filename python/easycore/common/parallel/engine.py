@@ -195,6 +195,9 @@ class _Workers:
                         self.end_errors.append(err)
         self.in_q.close()
         self.out_q.close()
+        # Normally already unlinked once the producers attached; not after a failed start.
+        self.in_q.unlink()
+        self.out_q.unlink()
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
@@ -434,9 +437,13 @@ class BaseRunner:
                 died = workers.dead()
                 if died is not None:
                     raise WorkerDiedError(
-                        str(died).replace("The runner was closed; call activate() to restart it",
-                                          "It died while starting (in producer_init or before)."),
-                        pid=died.pid, device=died.device, exitcode=died.exitcode,
+                        str(died).replace(
+                            "The runner was closed; call activate() to restart it",
+                            "It died while starting (in producer_init or before).",
+                        ),
+                        pid=died.pid,
+                        device=died.device,
+                        exitcode=died.exitcode,
                     ) from None
                 if time.monotonic() > deadline:
                     raise EasycoreError(
@@ -766,7 +773,9 @@ class _Call:
         return result[0]
 
     def _consume(self, cfg: Any, result: list) -> None:
-        runner = self.runner
+        # Hooks are looked up on the class, as the producers do: a plain function assigned
+        # as a hook then works like a staticmethod.
+        runner = type(self.runner)
         try:
             _call_hook("consumer_init", runner.consumer_init, cfg)
             work = runner.consumer_work

@@ -78,7 +78,14 @@ def producer_main(
     try:
         runner_cls.producer_init(device, cfg)
     except BaseException as e:  # noqa: BLE001 - reported to the caller, then exit
-        _send(out_q, codec, index, wire.ERROR, _error("producer_init", device, None, e, "hook"), parent_pid)
+        _send(
+            out_q,
+            codec,
+            index,
+            wire.ERROR,
+            _error("producer_init", device, None, e, "hook"),
+            parent_pid,
+        )
         return
     _send(out_q, codec, index, wire.READY, (index, os.getpid()), parent_pid)
 

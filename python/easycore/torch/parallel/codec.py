@@ -1,0 +1,73 @@
+"""Tensor-aware pickling for the torch runners.
+
+A strided tensor travels as a numpy view of its memory, so pickle protocol 5 hands that memory
+to the shared-memory queue out of band: one copy into shared memory in the producer, none or
+one out of it in the consumer (``torch.from_numpy`` wraps what arrives). dtypes numpy lacks
+(bfloat16, float8…) travel as same-width integers and are viewed back. CUDA tensors are
+copied to the CPU first and arrive as CPU tensors (move them back in ``consumer_work`` if you
+need them on a GPU). Sparse, quantized and other tensors use torch's own pickling.
+"""
+
+from __future__ import annotations
+
+import copyreg
+import io
+import pickle
+from typing import Any
+
+import torch
+
+from easycore.common.parallel.wire import Codec
+
+_VIEW_AS = {
+    torch.bfloat16: torch.int16,
+    torch.complex32: torch.int32,
+}
+for _name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"):
+    if hasattr(torch, _name):
+        _VIEW_AS[getattr(torch, _name)] = torch.uint8
+
+
+def _rebuild(arr: Any, dtype: str, requires_grad: bool, parameter: bool) -> torch.Tensor:
+    t = torch.from_numpy(arr)
+    target = getattr(torch, dtype)
+    if t.dtype != target:
+        t = t.view(target)
+    if parameter:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def _reduce_tensor(t: torch.Tensor) -> Any:
+    if t.layout != torch.strided or t.is_quantized or t.is_nested or t.device.type == "meta":
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    x = t.detach()
+    if x.device.type != "cpu":
+        x = x.cpu()
+    x = x.contiguous()
+    dtype = str(x.dtype).removeprefix("torch.")
+    if x.dtype in _VIEW_AS:
+        x = x.view(_VIEW_AS[x.dtype])
+    try:
+        arr = x.numpy()
+    except (TypeError, RuntimeError):
+        return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    return _rebuild, (arr, dtype, t.requires_grad, isinstance(t, torch.nn.Parameter))
+
+
+_DISPATCH = copyreg.dispatch_table.copy()
+_DISPATCH[torch.Tensor] = _reduce_tensor
+_DISPATCH[torch.nn.Parameter] = _reduce_tensor
+
+
+class TorchCodec(Codec):
+    """:class:`~easycore.common.parallel.wire.Codec` that sends tensor memory out of band."""
+
+    def _dumps(self, obj: Any, callback: Any) -> bytes:
+        f = io.BytesIO()
+        p = pickle.Pickler(f, protocol=5, buffer_callback=callback)
+        p.dispatch_table = _DISPATCH
+        p.dump(obj)
+        return f.getvalue()

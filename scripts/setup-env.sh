@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Creates .venv (if missing), installs requirements-dev.txt and builds easycore's Rust
+# extension into it (release build, editable install). Sourced by main.sh and test.sh.
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+py="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+    echo "== creating .venv with $($py --version)"
+    "$py" -m venv .venv
+fi
+export VIRTUAL_ENV="$root/.venv"
+export PATH="$VIRTUAL_ENV/bin:$PATH"
+stamp=.venv/.requirements-installed
+if [ ! -f "$stamp" ] || ! cmp -s requirements-dev.txt "$stamp"; then
+    echo "== installing requirements-dev.txt (torch is large: the first time takes minutes)"
+    python -m pip install -q --upgrade pip
+    python -m pip install -q -r requirements-dev.txt
+    cp requirements-dev.txt "$stamp"
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo (Rust) is required to build easycore: https://rustup.rs" >&2
+    exit 1
+fi
+echo "== building easycore (Rust extension, release)"
+maturin develop --release -q

@@ -1,0 +1,82 @@
+"""Suite-wide guards: no test may leave a child process or an easycore shared-memory segment
+behind (DESIGN.md: nothing leaks, also after errors and kills)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))  # helper modules importable in spawned children
+
+SHM = "/dev/shm"
+
+
+def _segments() -> set[str]:
+    """Segments owned by this process (names carry the owner's pid; queues and their side
+    segments are owned by the process that created the queue)."""
+    prefix = f"ec.{os.getpid()}."
+    try:
+        return {n for n in os.listdir(SHM) if n.startswith(prefix)}
+    except FileNotFoundError:
+        return set()
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    kids = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        # fields[0] is the state, fields[1] the parent pid; zombies are reaped by their owner
+        if fields[1] == me and fields[0] != "Z" and not _mp_service(entry):
+            kids.add(int(entry))
+    return kids
+
+
+def _mp_service(pid: str) -> bool:
+    """multiprocessing's own long-lived helpers (resource tracker, forkserver) started once
+    per interpreter by spawn/forkserver: not ours to stop."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmd = f.read()
+    except OSError:
+        return False
+    return b"resource_tracker" in cmd or b"forkserver" in cmd
+
+
+def _settle(check, timeout: float = 5.0):
+    """Waits briefly for processes and segments that are on their way out."""
+    deadline = time.monotonic() + timeout
+    left = check()
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = check()
+    return left
+
+
+@pytest.fixture(autouse=True)
+def no_leaks():
+    """Fails a test that leaves child processes or shared-memory segments of ours."""
+    before_kids = _children()
+    before_segs = _segments()
+    yield
+    import gc
+    import multiprocessing
+
+    def leftover_segments() -> set[str]:
+        multiprocessing.active_children()  # reaps finished children (and drops their args)
+        gc.collect()  # queues caught in reference cycles (e.g. a kept traceback) are freed
+        return _segments() - before_segs
+
+    kids = _settle(lambda: _children() - before_kids)
+    segs = _settle(leftover_segments)
+    assert not kids, f"child processes left behind: {sorted(kids)}"
+    assert not segs, f"shared-memory segments left behind: {sorted(segs)}"

@@ -1,0 +1,243 @@
+"""The shared-memory queue across real processes (fork and spawn)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import pickle
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+import queue_procs as qp
+from easycore._core import Queue, ShmBuffer, shm_space, sweep_stale_segments
+from easycore.errors import (
+    EasycoreError,
+    InvalidArgument,
+    QueueClosed,
+    QueueEmpty,
+    QueueFull,
+    SharedMemoryError,
+)
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_writers_and_readers_exchange_100k_messages_with_checksums(method):
+    ctx = mp.get_context(method)
+    n_writers, n_readers, per_writer = 3, 2, 34_000
+    q = Queue(capacity_bytes=16 << 20, max_messages=4096)
+    results = ctx.Queue()
+    writers = [ctx.Process(target=qp.writer, args=(q, w, per_writer, results)) for w in range(3)]
+    readers = [ctx.Process(target=qp.reader, args=(q, results)) for _ in range(n_readers)]
+    procs = writers + readers
+    try:
+        for p in procs:
+            p.start()
+        for p in writers:
+            p.join(200)
+            assert p.exitcode == 0
+        q.close()  # readers drain what is left, then get QueueClosed
+        got = [results.get(timeout=200) for _ in procs]
+        for p in readers:
+            p.join(30)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+    w_hash = 0
+    for r in got:
+        if r[0] == "w":
+            w_hash ^= r[3]
+    r_hash = 0
+    count = 0
+    seqs: list[int] = []
+    for r in got:
+        if r[0] == "r":
+            count += r[2]
+            r_hash ^= r[3]
+            seqs.extend(r[4])
+    assert count == n_writers * per_writer >= 100_000
+    assert len(set(seqs)) == len(seqs), "a message was delivered twice"
+    assert r_hash == w_hash, "content differs between what was put and what was got"
+    total, nbytes = q.totals()
+    assert total == count
+    assert nbytes > 200 << 20  # a few hundred MiB went through, the large ones included
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_close_wakes_blocked_readers_and_writers_in_other_processes(method):
+    ctx = mp.get_context(method)
+    empty = Queue(capacity_bytes=1 << 20)
+    full = Queue(capacity_bytes=1 << 16, max_messages=4)
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(target=qp.blocked_get, args=(empty, results)),
+        ctx.Process(target=qp.blocked_put, args=(full, results)),
+    ]
+    try:
+        for p in procs:
+            p.start()
+        time.sleep(1.0)
+        assert all(p.is_alive() for p in procs), "they should be blocked"
+        empty.close()
+        full.close()
+        assert sorted(results.get(timeout=30) for _ in procs) == ["closed", "closed"]
+        for p in procs:
+            p.join(10)
+            assert p.exitcode == 0
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def test_killed_writer_does_not_block_readers():
+    ctx = mp.get_context("fork")
+    q = Queue(capacity_bytes=1 << 20, max_messages=64)
+    ready = ctx.Queue()
+    p = ctx.Process(target=qp.hog_writer, args=(q, ready))
+    p.start()
+    try:
+        ready.get(timeout=30)
+        time.sleep(0.3)  # it is now writing (likely mid-copy) or waiting for room
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        # Drain everything it committed; then the queue must be usable and not stuck.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                q.get_many(64, timeout=0.3)
+            except QueueEmpty:
+                break
+        q.put(1, 1, b"after")
+        seq, kind, parts = q.get(timeout=10)
+        assert (seq, kind, bytes(parts[0])) == (1, 1, b"after")
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def test_killed_reader_does_not_block_writers():
+    ctx = mp.get_context("fork")
+    q = Queue(capacity_bytes=1 << 18, max_messages=64)
+    ready = ctx.Queue()
+    p = ctx.Process(target=qp.hog_reader, args=(q, ready))
+    p.start()
+    try:
+        ready.get(timeout=30)
+        big = b"y" * (40 << 10)
+        for i in range(200):  # keep it busy reading
+            q.put(i, 0, big, timeout=10)
+        os.kill(p.pid, signal.SIGKILL)
+        p.join(10)
+        # Fill the queue: records the dead reader held are recovered, so we get room again.
+        n = 0
+        while True:
+            try:
+                q.put(n, 0, big, timeout=0.5)
+                n += 1
+            except QueueFull:
+                break
+        assert n >= 1
+        got = q.get_many(1000, timeout=5)
+        assert len(got) >= 1
+        q.put(9, 9, b"ok", timeout=10)
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def test_numpy_round_trip_with_pickle_protocol_5():
+    q = Queue(capacity_bytes=64 << 20)
+    small = np.arange(1000, dtype=np.float32)
+    large = np.arange(4 << 20, dtype=np.int64)  # 32 MiB: larger than max_inline
+    for arr in (small, large, np.asfortranarray(np.ones((300, 200)))):
+        bufs: list[pickle.PickleBuffer] = []
+        data = pickle.dumps(arr, protocol=5, buffer_callback=bufs.append)
+        q.put(0, 0, [data, *(b.raw() for b in bufs)])
+        _, _, parts = q.get()
+        back = pickle.loads(parts[0], buffers=parts[1:])
+        np.testing.assert_array_equal(back, arr)
+        assert back.flags.writeable
+    assert large.nbytes > q.max_inline
+    # The large one arrived as a zero-copy view of its own segment.
+    bufs = []
+    data = pickle.dumps(large, protocol=5, buffer_callback=bufs.append)
+    q.put(0, 0, [data, *(b.raw() for b in bufs)])
+    _, _, parts = q.get()
+    assert isinstance(parts[1], ShmBuffer) and len(parts[1]) == large.nbytes
+
+
+def test_nonblocking_calls_timeouts_and_stdlib_exceptions():
+    import queue
+
+    q = Queue(capacity_bytes=1 << 16, max_messages=2)
+    with pytest.raises(queue.Empty):
+        q.get(block=False)
+    with pytest.raises(QueueEmpty):
+        q.get(timeout=0.05)
+    q.put(1, 0, b"a")
+    q.put(2, 0, [b"b", b"c"])
+    assert q.qsize() == 2 and len(q) == 2 and not q.empty()
+    with pytest.raises(queue.Full):
+        q.put(3, 0, b"d", block=False)
+    with pytest.raises(QueueFull, match="0 of 2"):
+        q.put_many([(3, 0, b"d"), (4, 0, b"e")], timeout=0.05)
+    assert [m[0] for m in q.get_many(10)] == [1, 2]
+    assert q.put_many([(5, 1, b"x"), (6, 1, (b"y", b"z"))]) == 2
+    assert [(s, k, [bytes(p) for p in ps]) for s, k, ps in q.get_many(10)] == [
+        (5, 1, [b"x"]),
+        (6, 1, [b"y", b"z"]),
+    ]
+    with pytest.raises(InvalidArgument):
+        q.get(timeout=-1)
+    with pytest.raises(BufferError, match="bytes-like"):
+        q.put(0, 0, [object()])
+
+
+def test_close_in_another_thread_wakes_a_blocked_get():
+    q = Queue(capacity_bytes=1 << 16)
+    out = []
+
+    def getter():
+        try:
+            q.get()
+        except QueueClosed as e:
+            out.append(e)
+
+    t = threading.Thread(target=getter)
+    t.start()
+    time.sleep(0.2)
+    q.close()
+    t.join(10)
+    assert not t.is_alive() and isinstance(out[0], EasycoreError)
+    with pytest.raises(QueueClosed):
+        q.put(0, 0, b"")
+
+
+def test_pickled_queue_attaches_to_the_same_segment():
+    q = Queue(capacity_bytes=1 << 16)
+    q2 = pickle.loads(pickle.dumps(q))
+    assert q2.name == q.name
+    q2.put(4, 2, b"hello")
+    assert q.get()[0] == 4
+    q.unlink()
+    with pytest.raises(EasycoreError, match="gone"):
+        pickle.loads(pickle.dumps(q))
+
+
+def test_shared_memory_errors_are_clear():
+    space = shm_space()
+    assert space is not None and space[1] > 0
+    with pytest.raises(SharedMemoryError, match="/dev/shm"):
+        Queue(capacity_bytes=1 << 50)
+    assert sweep_stale_segments() >= 0
