@@ -1,0 +1,95 @@
+"""The manual's examples run unchanged, and the torch flavour moves tensors correctly."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from easycore.errors import InvalidArgument  # noqa: E402
+from easycore.torch.parallel import OrderedRunner, UnorderedRunner  # noqa: E402
+
+EXAMPLES = os.path.join(os.path.dirname(__file__), "..", "examples")
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.mark.parametrize(
+    "script, expected",
+    [
+        ("sum_of_squares.py", "328350"),
+        ("power_sum.py", str(sum(x**3 for x in range(100)))),
+        ("predictor.py", "torch.Size([100, 3])"),
+        ("batch_predictor.py", "torch.Size([100, 3])"),
+    ],
+)
+def test_manual_examples(script, expected):
+    out = subprocess.run(
+        [sys.executable, script], cwd=EXAMPLES, capture_output=True, text=True, timeout=170
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == expected
+
+
+class TensorEcho(OrderedRunner):
+    @staticmethod
+    def producer_work(device, cfg, data):
+        return {"t": data, "sum": float(data.float().sum()), "threads": torch.get_num_threads()}
+
+    @staticmethod
+    def consumer_init(cfg):
+        cfg.out = []
+
+    @staticmethod
+    def consumer_work(cfg, data):
+        cfg.out.append(data)
+
+    @staticmethod
+    def consumer_end(cfg):
+        return cfg.out
+
+
+def test_tensors_of_many_kinds_round_trip():
+    items = [
+        torch.arange(12, dtype=torch.float32).reshape(3, 4),
+        torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),  # not contiguous
+        torch.ones(5, dtype=torch.bfloat16) * 1.5,
+        torch.nn.Parameter(torch.full((2,), 3.0)),
+        torch.zeros(()),
+        torch.randint(0, 100, (1 << 20,), dtype=torch.int64),  # 8 MiB
+    ]
+    with TensorEcho(devices=2) as r:
+        out = r(items)
+        assert r.devices == ["cpu", "cpu"]
+    assert len(out) == len(items)
+    for got, want in zip(out, items, strict=True):
+        t = got["t"]
+        assert isinstance(t, torch.Tensor) and t.dtype == want.dtype and t.shape == want.shape
+        assert torch.equal(t, want.detach())
+        assert got["sum"] == pytest.approx(float(want.detach().float().sum()))
+        # CPU producers share the cores instead of each taking all of them.
+        assert got["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert isinstance(out[3]["t"], torch.nn.Parameter)
+
+
+def test_imap_and_unordered_flavour():
+    class Square(UnorderedRunner):
+        @staticmethod
+        def producer_work(device, cfg, data):
+            return torch.tensor([data * data])
+
+    with Square(devices=2) as r:
+        got = sorted(int(t) for t in r.imap(range(200)))
+    assert got == [x * x for x in range(200)]
+
+
+def test_missing_gpu_is_a_clear_error():
+    n = torch.cuda.device_count()
+    with pytest.raises(InvalidArgument, match="does not exist"):
+        TensorEcho(devices=[f"cuda:{n}"])
+    with pytest.raises(InvalidArgument):
+        TensorEcho(devices=["tpu"])
