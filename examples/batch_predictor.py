@@ -4,10 +4,9 @@ As in the manual (its `Rredictor` typo fixed), on every GPU found, or two CPU pr
 """
 
 import torch
-from network import Net
-
 from easycore.common.config import CfgNode  # noqa: F401 - as in the manual
 from easycore.torch.parallel import OrderedRunner
+from network import Net
 
 
 def batch_generator(data_list, batch_size):

@@ -5,10 +5,9 @@ machine without CUDA, and is otherwise the manual's code.
 """
 
 import torch
-from network import Net
-
 from easycore.common.config import CfgNode  # noqa: F401 - as in the manual
 from easycore.common.parallel import OrderedRunner
+from network import Net
 
 
 class Predictor(OrderedRunner):
