@@ -6,6 +6,6 @@ cd "$root"
 echo "== cargo test (Rust core)"
 cargo test --lib
 echo "== ruff"
-ruff check python tests benches examples
+ruff check .
 echo "== pytest"
 python -m pytest "$@"
