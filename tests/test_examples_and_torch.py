@@ -76,12 +76,14 @@ def test_tensors_of_many_kinds_round_trip():
     assert isinstance(out[3]["t"], torch.nn.Parameter)
 
 
-def test_imap_and_unordered_flavour():
-    class Square(UnorderedRunner):
-        @staticmethod
-        def producer_work(device, cfg, data):
-            return torch.tensor([data * data])
+class Square(UnorderedRunner):
+    @staticmethod
+    def producer_work(device, cfg, data):
+        return torch.tensor([data * data])
 
+
+def test_imap_and_unordered_flavour():
+    # Module level: the default start method is spawn when other threads run.
     with Square(devices=2) as r:
         got = sorted(int(t) for t in r.imap(range(200)))
     assert got == [x * x for x in range(200)]
