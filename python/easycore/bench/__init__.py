@@ -1,0 +1,26 @@
+"""Side-by-side benchmark of easycore's runners: ``python -m easycore.bench``.
+
+Runs built-in workloads (tiny items ordered and unordered, 1 MiB and 16 MiB numpy results,
+the manual's torch predictor, start-up) on easycore's runners, the pure-Python reference
+runner (:mod:`easycore.bench.reference`, the original design on ``multiprocessing.Queue``),
+``multiprocessing.Pool``, ``concurrent.futures.ProcessPoolExecutor`` and torch's
+``DataLoader``, verifies every result and prints a table (see ``docs/bench.md``).
+
+Modules:
+
+* :mod:`easycore.bench.workloads` — the workloads and their expected results.
+* :mod:`easycore.bench.systems` — the systems under test and the bounded measurement.
+* :mod:`easycore.bench.reference` — the pure-Python reference runner.
+* :mod:`easycore.bench.report` — table, JSON and PNG output.
+"""
+
+from __future__ import annotations
+
+__all__ = ["main"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command line (see :func:`easycore.bench.__main__.main`)."""
+    from easycore.bench.__main__ import main as _main
+
+    return _main(argv)

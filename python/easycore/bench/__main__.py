@@ -1,0 +1,364 @@
+"""``python -m easycore.bench`` / ``easycore-bench``: the runner benchmark's command line.
+
+Examples::
+
+    python -m easycore.bench --quick
+    python -m easycore.bench --workloads tiny_ordered,numpy_16mib --systems easycore,reference
+    python -m easycore.bench --devices cpu,cpu,cuda:0 --json out.json --plot out.png
+    python -m easycore.bench --runner mypkg.jobs:MyRunner --data mypkg.jobs:make_data
+
+See ``docs/bench.md`` for what every number means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from easycore.bench import report
+from easycore.bench.report import Row
+from easycore.bench.systems import SYSTEMS, CellSpec, Job, System, run_cell
+from easycore.bench.workloads import WORKLOADS, Workload, torch_available
+
+DEFAULT_USER_SYSTEMS = ("easycore", "reference")
+
+
+class Progress:
+    """One status line on stderr (rewritten in place on a terminal, plain lines otherwise)."""
+
+    def __init__(self, total: int, enabled: bool = True) -> None:
+        self.total = total
+        self.done = 0
+        self.enabled = enabled
+        self.tty = sys.stderr.isatty()
+        self.what = ""
+
+    def start(self, what: str) -> None:
+        """A new (workload, system) measurement begins."""
+        self.done += 1
+        self.what = what
+        if self.enabled and not self.tty:
+            print(f"[{self.done}/{self.total}] {what}", file=sys.stderr, flush=True)
+        self.tick(0.0)
+
+    def tick(self, elapsed: float) -> None:
+        """Refreshes the line with the time spent on the current measurement."""
+        if self.enabled and self.tty:
+            line = f"[{self.done}/{self.total}] {self.what}  {elapsed:5.1f} s"
+            sys.stderr.write("\r\033[K" + line[:150])
+            sys.stderr.flush()
+
+    def clear(self) -> None:
+        """Removes the line."""
+        if self.enabled and self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def resolve(path: str) -> Any:
+    """``"package.module:attr"`` -> the object (the current directory is importable)."""
+    mod, sep, attr = path.partition(":")
+    if not sep or not mod or not attr:
+        raise SystemExit(f"expected package.module:name, got {path!r}")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    obj: Any = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def runner_flavour(cls: type) -> tuple[bool, bool]:
+    """``(ordered, torch)`` of a user's runner class, from its base classes' names."""
+    names = [c.__name__ for c in cls.__mro__]
+    modules = [c.__module__ for c in cls.__mro__]
+    if "OrderedRunner" in names:
+        ordered = True
+    elif "UnorderedRunner" in names:
+        ordered = False
+    else:
+        raise SystemExit(f"{cls.__name__} must subclass UnorderedRunner or OrderedRunner")
+    return ordered, any(m.startswith("easycore.torch") for m in modules)
+
+
+def user_workload(runner_cls: type, make_data: Callable[[], Iterable[Any]]) -> Workload:
+    """A workload running the user's hooks on the user's data.
+
+    There is no expected value: every system's result is compared with the reference
+    runner's (by content digest).
+    """
+    ordered, _ = runner_flavour(runner_cls)
+
+    def data(n: int) -> Iterable[Any]:
+        return make_data() if n < 0 else itertools.islice(make_data(), n)
+
+    return Workload(
+        name="user",
+        title=f"your runner {runner_cls.__module__}.{runner_cls.__qualname__} "
+        f"({'ordered' if ordered else 'unordered'})",
+        hooks=runner_cls,
+        ordered=ordered,
+        unit="items/s",
+        items=-1,
+        quick_items=-1,
+        make_data=data,
+        expected=None,
+        verify_by_fingerprint=True,
+    )
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    ap = argparse.ArgumentParser(
+        prog="easycore-bench",
+        description="Benchmark easycore's runners side by side with the pure-Python reference "
+        "runner, multiprocessing.Pool, ProcessPoolExecutor and torch's DataLoader; every "
+        "result is verified.",
+    )
+    ap.add_argument("--quick", action="store_true", help="small sizes (under a minute)")
+    ap.add_argument("--workers", type=int, default=2, help="CPU producers (default 2)")
+    ap.add_argument("--devices", help="comma-separated devices, e.g. cpu,cpu,cuda:0")
+    ap.add_argument("--workloads", help=f"comma-separated, from: {', '.join(WORKLOADS)}")
+    ap.add_argument("--systems", help=f"comma-separated, from: {', '.join(SYSTEMS)}")
+    ap.add_argument("--repeats", type=int, help="timed calls per system (default 3, quick 2)")
+    ap.add_argument("--items", type=int, help="items per call for every workload")
+    ap.add_argument(
+        "--timeout", type=float, help="seconds per system and workload (default 600, quick 60)"
+    )
+    ap.add_argument("--memcpy-mib", type=int, help="memcpy reference size (default 256)")
+    ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
+    ap.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
+    ap.add_argument("--runner", metavar="MOD:CLASS", help="benchmark your runner subclass")
+    ap.add_argument("--data", metavar="MOD:FUNC", help="with --runner: make_data() -> iterable")
+    ap.add_argument("--no-progress", action="store_true", help="no progress line")
+    ap.add_argument("--list", action="store_true", help="list workloads and systems, then exit")
+    args = ap.parse_args(argv)
+    if (args.runner is None) != (args.data is None):
+        ap.error("--runner and --data go together")
+    if args.workers < 1:
+        ap.error("--workers must be at least 1")
+    return args
+
+
+def _pick(names: str | None, known: dict[str, Any], default: Iterable[str], what: str) -> list[str]:
+    if not names:
+        return list(default)
+    out = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = [n for n in out if n not in known]
+    if unknown:
+        raise SystemExit(f"unknown {what}: {', '.join(unknown)} (known: {', '.join(known)})")
+    return out
+
+
+def plan(
+    args: argparse.Namespace,
+) -> tuple[list[Workload], list[str], list[str], type | None]:
+    """The workloads, system keys and devices this run covers, and the user's runner."""
+    devices = (
+        [d.strip() for d in args.devices.split(",") if d.strip()]
+        if args.devices
+        else ["cpu"] * args.workers
+    )
+    if args.runner:
+        cls = resolve(args.runner)
+        if not isinstance(cls, type):
+            raise SystemExit(f"--runner {args.runner} is not a class")
+        workloads = [user_workload(cls, resolve(args.data))]
+        systems = _pick(args.systems, SYSTEMS, DEFAULT_USER_SYSTEMS, "systems")
+        return workloads, systems, devices, cls
+    names = _pick(args.workloads, WORKLOADS, WORKLOADS, "workloads")
+    workloads = [WORKLOADS[n] for n in names]
+    systems = _pick(args.systems, SYSTEMS, SYSTEMS, "systems")
+    return workloads, systems, devices, None
+
+
+def make_job(w: Workload, devices: list[str], n: int, user_runner: type | None) -> Job:
+    """The job every system runs for workload ``w``."""
+    torch_flavour = w.needs_torch
+    if user_runner is not None:
+        torch_flavour = runner_flavour(user_runner)[1]
+    return Job(
+        hooks=w.hooks,
+        ordered=w.ordered,
+        devices=devices,
+        make_data=w.make_data,
+        chunksize=w.tuned_chunksize(n, len(devices)) if n > 0 else 1,
+        torch_flavour=torch_flavour,
+        user_runner=user_runner,
+    )
+
+
+def _row(w: Workload, key: str, label: str, status: str, **kw: Any) -> Row:
+    return Row(w.name, key, label, w.unit, w.higher_is_better, status, **kw)
+
+
+def verify_user_rows(rows: list[Row], w: Workload) -> None:
+    """Compares each system's result digest with the reference runner's."""
+    ref = next((r for r in rows if r.system == "reference" and r.status == "ok"), None)
+    for r in rows:
+        if r is ref or r.status != "ok":
+            continue
+        if ref is None:
+            r.detail = "unverified (no reference result to compare with)"
+        elif r.fingerprint != ref.fingerprint:
+            if w.ordered:
+                r.status, r.detail = "wrong", "result differs from the reference runner's"
+            else:
+                r.status = "differs"
+                r.detail = (
+                    "result differs from the reference runner's (an unordered runner's "
+                    "result may depend on arrival order)"
+                )
+
+
+def run(args: argparse.Namespace) -> tuple[list[Row], list[Workload], dict[str, Any], bool]:
+    """Runs the plan; returns the rows, the workloads, the settings and whether it was
+    interrupted."""
+    workloads, system_keys, devices, user_runner = plan(args)
+    repeats = args.repeats or (2 if args.quick else 3)
+    timeout = args.timeout or (60.0 if args.quick else 600.0)
+    memcpy_mib = args.memcpy_mib or (128 if args.quick else 256)
+    settings: dict[str, Any] = {
+        "devices": devices,
+        "repeats": repeats,
+        "timeout": timeout,
+        "quick": args.quick,
+        "workloads": [w.name for w in workloads],
+        "systems": system_keys,
+        "memcpy_mib": memcpy_mib,
+        "memcpy_gbps": report.memcpy_gbps(memcpy_mib << 20),
+        "runner": args.runner,
+        "data": args.data,
+    }
+    progress = Progress(len(workloads) * len(system_keys), enabled=not args.no_progress)
+    rows: list[Row] = []
+    interrupted = False
+    for w in workloads:
+        n = args.items if args.items else (w.quick_items if args.quick else w.items)
+        if w.startup and args.items:
+            n = min(n, 100)
+        job = make_job(w, devices, n, user_runner)
+        w_rows: list[Row] = []
+        for key in system_keys:
+            system: System = SYSTEMS[key]
+            label = system.label(job)
+            progress.start(f"{w.name} / {key}")
+            if interrupted:
+                w_rows.append(_row(w, key, label, "interrupted"))
+                continue
+            if w.needs_torch and not torch_available():
+                w_rows.append(_row(w, key, label, "skipped", detail="torch is not installed"))
+                continue
+            why = system.unavailable(job)
+            if why is not None:
+                w_rows.append(_row(w, key, label, "unavailable", detail=why))
+                continue
+            spec = CellSpec(
+                system=system,
+                workload=w,
+                job=job,
+                items=n,
+                repeats=repeats,
+                warmup_items=_warmup_items(n, len(devices)),
+            )
+            try:
+                out = run_cell(spec, timeout, tick=progress.tick)
+            except KeyboardInterrupt:
+                interrupted = True
+                w_rows.append(_row(w, key, label, "interrupted"))
+                continue
+            w_rows.append(
+                _row(
+                    w,
+                    key,
+                    label,
+                    out["status"],
+                    detail=out.get("detail", ""),
+                    samples=out.get("samples", []),
+                    seconds=out.get("seconds", []),
+                    items=out.get("items"),
+                    fingerprint=out.get("fingerprint"),
+                    wall_s=out.get("wall_s"),
+                )
+            )
+        if w.verify_by_fingerprint:
+            verify_user_rows(w_rows, w)
+        if w.unit == "GB/s":
+            mc = settings["memcpy_gbps"]
+            w_rows.append(
+                _row(w, "memcpy", "memcpy, 1 thread (np.copyto)", "reference", samples=[mc])
+            )
+        rows.extend(w_rows)
+    progress.clear()
+    report.add_speedups(rows)
+    return rows, workloads, settings, interrupted
+
+
+def _warmup_items(n: int, workers: int) -> int:
+    """Items of the untimed first call on a fresh system (0: none)."""
+    if n < 0:
+        return 4 * workers
+    return min(n, max(4 * workers, n // 20))
+
+
+def workload_info(workloads: list[Workload], rows: list[Row]) -> dict[str, dict[str, Any]]:
+    """Per workload: title, unit, direction and items per call, for the report."""
+    info: dict[str, dict[str, Any]] = {}
+    for w in workloads:
+        items = next((r.items for r in rows if r.workload == w.name and r.items), None)
+        info[w.name] = {
+            "title": w.title,
+            "unit": w.unit,
+            "higher_is_better": w.higher_is_better,
+            "ordered": w.ordered,
+            "items": items,
+            "item_bytes": w.item_bytes,
+        }
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m easycore.bench`` and ``easycore-bench``.
+
+    Returns:
+        0 when every result was verified, 1 when a system was wrong, failed or timed out,
+        130 when interrupted (Ctrl-C); the table is printed in every case.
+    """
+    args = parse_args(argv)
+    if args.list:
+        for w in WORKLOADS.values():
+            print(f"workload {w.name:<16} {w.unit:<10} {w.title}")
+        for key, s in SYSTEMS.items():
+            print(f"system   {key:<16} {type(s).__doc__.splitlines()[0] if s.__doc__ else ''}")
+        return 0
+    t0 = time.perf_counter()
+    try:
+        rows, workloads, settings, interrupted = run(args)
+    except KeyboardInterrupt:  # before any measurement started
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+    settings["wall_s"] = time.perf_counter() - t0
+    machine = report.machine_info()
+    info = workload_info(workloads, rows)
+    print(report.format_table(rows, info, machine, settings))
+    if interrupted:
+        print("interrupted: the table shows what was measured before Ctrl-C")
+    if args.json:
+        report.write_json(args.json, report.to_json(rows, info, machine, settings))
+    if args.plot:
+        why = report.write_plot(args.plot, rows, info)
+        if why:
+            print(f"--plot: {why}", file=sys.stderr)
+    if interrupted:
+        return 130
+    return 1 if any(r.status in report.FAILED for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

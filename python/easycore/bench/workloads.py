@@ -1,0 +1,436 @@
+"""The built-in workloads: what runs, how much of it, and what the right answer is.
+
+A workload is a class of the six static runner hooks (:data:`HOOKS`) plus the data it runs
+on and an *independently computed* expected result. Every system under test runs the same
+hooks on the same data; :meth:`Workload.check` compares what ``consumer_end`` returned with
+the expectation, so a fast wrong answer shows as ``WRONG``.
+
+Built-in workloads (``--workloads``):
+
+* ``tiny_unordered`` / ``tiny_ordered``: ``x * x`` over ``range(n)`` ints, summed (unordered)
+  or folded into an order-sensitive hash (ordered). Unit: items/s.
+* ``numpy_1mib`` / ``numpy_16mib``: each producer returns a fresh ``np.full`` uint8 array
+  stamped with the item's index; the consumer reads the stamp and one byte per 4 KiB page
+  (so every page is really delivered). Unit: GB/s (1e9 bytes/s) delivered to
+  ``consumer_work``.
+* ``predictor``: the manual's torch example (``Linear(1, 3)`` + ReLU, batches of 10 ints),
+  results concatenated in order. Unit: batches/s. Needs torch.
+* ``startup``: runner start-up, one call on 100 tiny items, and close. Unit: seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import itertools
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+HOOKS = (
+    "producer_init",
+    "producer_work",
+    "producer_end",
+    "consumer_init",
+    "consumer_work",
+    "consumer_end",
+)
+"""The six static hooks a runner subclass overrides."""
+
+PAGE = 4096
+HASH_MOD = (1 << 61) - 1
+HASH_MUL = 1_000_003
+
+
+def torch_available() -> bool:
+    """Whether torch can be imported (checked without importing it)."""
+    return importlib.util.find_spec("torch") is not None
+
+
+# ---------------------------------------------------------------------------------------
+# hooks (module-level classes, so their functions pickle by reference under spawn)
+
+
+class BaseHooks:
+    """The manual's default hooks."""
+
+    @staticmethod
+    def producer_init(device: str, cfg: Any) -> None:
+        """Nothing to set up."""
+
+    @staticmethod
+    def producer_work(device: str, cfg: Any, data: Any) -> Any:
+        """Identity."""
+        return data
+
+    @staticmethod
+    def producer_end(device: str, cfg: Any) -> None:
+        """Nothing to tear down."""
+
+    @staticmethod
+    def consumer_init(cfg: Any) -> None:
+        """Nothing to set up."""
+
+    @staticmethod
+    def consumer_work(cfg: Any, data: Any) -> None:
+        """Drops the result."""
+
+    @staticmethod
+    def consumer_end(cfg: Any) -> Any:
+        """Returns None."""
+        return None
+
+
+class SquareSumHooks(BaseHooks):
+    """``x * x`` in the producers; the consumer counts and sums (order-free)."""
+
+    @staticmethod
+    def producer_work(device: str, cfg: Any, data: Any) -> Any:
+        return data * data
+
+    @staticmethod
+    def consumer_init(cfg: Any) -> None:
+        cfg.count = 0
+        cfg.total = 0
+
+    @staticmethod
+    def consumer_work(cfg: Any, data: Any) -> None:
+        cfg.count += 1
+        cfg.total += data
+
+    @staticmethod
+    def consumer_end(cfg: Any) -> Any:
+        return (cfg.count, cfg.total)
+
+
+class SquareHashHooks(SquareSumHooks):
+    """``x * x`` in the producers; the consumer folds them into an order-sensitive hash."""
+
+    @staticmethod
+    def consumer_init(cfg: Any) -> None:
+        cfg.count = 0
+        cfg.h = 0
+
+    @staticmethod
+    def consumer_work(cfg: Any, data: Any) -> None:
+        cfg.count += 1
+        cfg.h = (cfg.h * HASH_MUL + data) % HASH_MOD
+
+    @staticmethod
+    def consumer_end(cfg: Any) -> Any:
+        return (cfg.count, cfg.h)
+
+
+def _as_numpy(a: Any) -> np.ndarray:
+    """A numpy view of ``a`` (torch tensors arrive from DataLoader)."""
+    return a if isinstance(a, np.ndarray) else a.numpy()
+
+
+class ArrayHooks(BaseHooks):
+    """Items are ``(index, nbytes)``; producers return a fresh uint8 array, stamped."""
+
+    @staticmethod
+    def producer_work(device: str, cfg: Any, data: Any) -> Any:
+        index, nbytes = data
+        a = np.full(nbytes, index % 251, dtype=np.uint8)
+        a[:8].view(np.uint64)[0] = index
+        return a
+
+    @staticmethod
+    def consumer_init(cfg: Any) -> None:
+        cfg.count = 0
+        cfg.index_sum = 0
+        cfg.nbytes = 0
+        cfg.bad = 0
+
+    @staticmethod
+    def consumer_work(cfg: Any, data: Any) -> None:
+        a = _as_numpy(data)
+        index = int(a[:8].view(np.uint64)[0])
+        fill = index % 251
+        pages = a[PAGE::PAGE]  # one byte per page past the first: touches every page
+        if (
+            a.dtype != np.uint8
+            or a.ndim != 1
+            or int(a[8]) != fill
+            or int(a[-1]) != fill
+            or int(pages.sum(dtype=np.uint64)) != fill * len(pages)
+        ):
+            cfg.bad += 1
+        cfg.count += 1
+        cfg.index_sum += index
+        cfg.nbytes += a.nbytes
+
+    @staticmethod
+    def consumer_end(cfg: Any) -> Any:
+        return (cfg.count, cfg.index_sum, cfg.nbytes, cfg.bad)
+
+
+def make_net() -> Any:
+    """The manual's network: ``Linear(1, 3)`` then ReLU, seeded so every process agrees."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.ReLU())
+
+
+class PredictorHooks(BaseHooks):
+    """The manual's Example 3: a torch predictor over batches of ints, results in order."""
+
+    @staticmethod
+    def producer_init(device: str, cfg: Any) -> None:
+        import torch
+
+        torch.set_num_threads(1)
+        cfg.model = make_net().to(device)
+
+    @staticmethod
+    def producer_work(device: str, cfg: Any, data: Any) -> Any:
+        import torch
+
+        with torch.no_grad():
+            x = torch.Tensor(data).view(-1, 1).to(device)
+            return cfg.model(x).cpu()
+
+    @staticmethod
+    def producer_end(device: str, cfg: Any) -> None:
+        del cfg.model
+
+    @staticmethod
+    def consumer_init(cfg: Any) -> None:
+        cfg.data_list = []
+
+    @staticmethod
+    def consumer_work(cfg: Any, data: Any) -> None:
+        cfg.data_list.append(data)
+
+    @staticmethod
+    def consumer_end(cfg: Any) -> Any:
+        import torch
+
+        return torch.cat(cfg.data_list, dim=0)
+
+
+# ---------------------------------------------------------------------------------------
+# workloads
+
+
+@dataclass
+class Workload:
+    """One benchmark workload.
+
+    Attributes:
+        name: the ``--workloads`` key.
+        title: one line for the table.
+        hooks: class with the six static hooks.
+        ordered: whether results must reach ``consumer_work`` in input order.
+        unit: ``"items/s"``, ``"GB/s"``, ``"batches/s"`` or ``"s"``.
+        items: items per timed call (full run), ``quick_items`` in ``--quick``.
+        item_bytes: bytes per result (0 for tiny results), for GB/s and chunk sizes.
+        startup: time start-up + one call + close instead of a call on a live runner.
+        needs_torch: skipped (with a note) when torch is not installed.
+    """
+
+    name: str
+    title: str
+    hooks: type
+    ordered: bool
+    unit: str
+    items: int
+    quick_items: int
+    make_data: Callable[[int], Iterable[Any]]
+    expected: Callable[[int], Any] | None
+    item_bytes: int = 0
+    startup: bool = False
+    needs_torch: bool = False
+    compare: Callable[[Any, Any], bool] = field(default=lambda a, b: a == b)
+    verify_by_fingerprint: bool = False
+    """No expected value: systems' results are compared with each other's (by digest)."""
+
+    @property
+    def higher_is_better(self) -> bool:
+        """False for times (``s``), True for rates."""
+        return self.unit != "s"
+
+    def amount(self, n: int) -> float:
+        """What one call of ``n`` items moves, in the unit's numerator (items, GB, batches)."""
+        if self.unit == "GB/s":
+            return n * self.item_bytes / 1e9
+        return float(n)
+
+    def figure(self, n: int, seconds: float) -> float:
+        """The table's figure for a call of ``n`` items that took ``seconds``."""
+        return seconds if self.unit == "s" else self.amount(n) / seconds
+
+    def check(self, result: Any, n: int) -> str | None:
+        """None when ``result`` is right for ``n`` items, else what is wrong."""
+        if self.expected is None:
+            return None
+        want = self.expected(n)
+        try:
+            ok = bool(self.compare(result, want))
+        except Exception as e:  # a malformed result is a wrong result
+            return f"result {_short(result)} cannot be compared: {type(e).__name__}: {e}"
+        return None if ok else f"got {_short(result)}, expected {_short(want)}"
+
+    def tuned_chunksize(self, n: int, workers: int) -> int:
+        """The chunk size ``Pool.map`` would pick; 1 for large results (chunks don't help)."""
+        if self.item_bytes >= 64 << 10:
+            return 1
+        return max(1, n // (4 * workers))
+
+
+def _short(x: Any, limit: int = 80) -> str:
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"<{type(x).__name__} shape={tuple(x.shape)} dtype={x.dtype}>"
+    s = repr(x)
+    return s if len(s) <= limit else s[: limit - 3] + "..."
+
+
+def expected_square_sum(n: int) -> tuple[int, int]:
+    """``(n, sum of x*x for x < n)`` in closed form."""
+    return (n, (n - 1) * n * (2 * n - 1) // 6 if n > 0 else 0)
+
+
+@functools.lru_cache(maxsize=8)
+def expected_square_hash(n: int) -> tuple[int, int]:
+    """``(n, hash)`` of ``x*x`` folded in order, computed directly."""
+    h = 0
+    for x in range(n):
+        h = (h * HASH_MUL + x * x) % HASH_MOD
+    return (n, h)
+
+
+def array_data(nbytes: int) -> Callable[[int], Iterable[tuple[int, int]]]:
+    """Items ``(index, nbytes)`` for ``n`` arrays."""
+
+    def make(n: int) -> Iterable[tuple[int, int]]:
+        return zip(range(n), itertools.repeat(nbytes))
+
+    return make
+
+
+def expected_arrays(nbytes: int) -> Callable[[int], tuple[int, int, int, int]]:
+    """``(count, sum of indexes, bytes, bad arrays)`` for ``n`` arrays of ``nbytes``."""
+
+    def expect(n: int) -> tuple[int, int, int, int]:
+        return (n, n * (n - 1) // 2, n * nbytes, 0)
+
+    return expect
+
+
+def batches(n_batches: int, batch_size: int = 10) -> Iterable[list[int]]:
+    """The manual's ``batch_generator`` over ``range(n_batches * batch_size)``."""
+    data = list(range(n_batches * batch_size))
+    for i in range(0, len(data), batch_size):
+        yield data[i : i + batch_size]
+
+
+def expected_predictions(n_batches: int) -> Any:
+    """The network applied to all inputs at once, in the caller's process."""
+    import torch
+
+    with torch.no_grad():
+        x = torch.arange(n_batches * 10, dtype=torch.float32).view(-1, 1)
+        return make_net()(x)
+
+
+def compare_predictions(got: Any, want: Any) -> bool:
+    """Same shape and values (to float tolerance)."""
+    import torch
+
+    return (
+        isinstance(got, torch.Tensor)
+        and tuple(got.shape) == tuple(want.shape)
+        and bool(torch.allclose(got, want, atol=1e-6))
+    )
+
+
+MIB = 1 << 20
+
+WORKLOADS: dict[str, Workload] = {}
+"""Every workload by name; ``register_workload`` adds one."""
+
+
+def register_workload(w: Workload) -> Workload:
+    """Adds (or replaces) a workload in :data:`WORKLOADS`."""
+    WORKLOADS[w.name] = w
+    return w
+
+
+for _w in (
+    Workload(
+        "tiny_unordered",
+        "tiny items, unordered: x*x over ints, summed",
+        SquareSumHooks,
+        ordered=False,
+        unit="items/s",
+        items=200_000,
+        quick_items=10_000,
+        make_data=range,
+        expected=expected_square_sum,
+    ),
+    Workload(
+        "tiny_ordered",
+        "tiny items, ordered: x*x over ints, order-sensitive hash",
+        SquareHashHooks,
+        ordered=True,
+        unit="items/s",
+        items=200_000,
+        quick_items=10_000,
+        make_data=range,
+        expected=expected_square_hash,
+    ),
+    Workload(
+        "numpy_1mib",
+        "1 MiB numpy results (fresh array per item), delivered to consumer_work",
+        ArrayHooks,
+        ordered=False,
+        unit="GB/s",
+        items=512,
+        quick_items=64,
+        make_data=array_data(MIB),
+        expected=expected_arrays(MIB),
+        item_bytes=MIB,
+    ),
+    Workload(
+        "numpy_16mib",
+        "16 MiB numpy results (fresh array per item), delivered to consumer_work",
+        ArrayHooks,
+        ordered=False,
+        unit="GB/s",
+        items=64,
+        quick_items=8,
+        make_data=array_data(16 * MIB),
+        expected=expected_arrays(16 * MIB),
+        item_bytes=16 * MIB,
+    ),
+    Workload(
+        "predictor",
+        "the manual's torch predictor: Linear(1,3)+ReLU, batches of 10, ordered",
+        PredictorHooks,
+        ordered=True,
+        unit="batches/s",
+        items=2000,
+        quick_items=200,
+        make_data=batches,
+        expected=expected_predictions,
+        needs_torch=True,
+        compare=compare_predictions,
+    ),
+    Workload(
+        "startup",
+        "start-up + one call (100 tiny items) + close",
+        SquareSumHooks,
+        ordered=False,
+        unit="s",
+        items=100,
+        quick_items=100,
+        make_data=range,
+        expected=expected_square_sum,
+        startup=True,
+    ),
+):
+    register_workload(_w)
