@@ -29,15 +29,8 @@ from typing import Any
 
 import numpy as np
 
-HOOKS = (
-    "producer_init",
-    "producer_work",
-    "producer_end",
-    "consumer_init",
-    "consumer_work",
-    "consumer_end",
-)
-"""The six static hooks a runner subclass overrides."""
+from easycore.common.parallel.hooks import HOOK_NAMES as HOOKS  # noqa: F401 - re-exported
+from easycore.common.parallel.hooks import RunnerHooks
 
 PAGE = 4096
 HASH_MOD = (1 << 61) - 1
@@ -53,34 +46,8 @@ def torch_available() -> bool:
 # hooks (module-level classes, so their functions pickle by reference under spawn)
 
 
-class BaseHooks:
-    """The manual's default hooks."""
-
-    @staticmethod
-    def producer_init(device: str, cfg: Any) -> None:
-        """Nothing to set up."""
-
-    @staticmethod
-    def producer_work(device: str, cfg: Any, data: Any) -> Any:
-        """Identity."""
-        return data
-
-    @staticmethod
-    def producer_end(device: str, cfg: Any) -> None:
-        """Nothing to tear down."""
-
-    @staticmethod
-    def consumer_init(cfg: Any) -> None:
-        """Nothing to set up."""
-
-    @staticmethod
-    def consumer_work(cfg: Any, data: Any) -> None:
-        """Drops the result."""
-
-    @staticmethod
-    def consumer_end(cfg: Any) -> Any:
-        """Returns None."""
-        return None
+# The manual's default hooks, shared with the runners (one place for them).
+BaseHooks = RunnerHooks
 
 
 class SquareSumHooks(BaseHooks):

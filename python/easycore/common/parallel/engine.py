@@ -35,6 +35,7 @@ from typing import Any
 from easycore._core import Queue, ReorderBuffer, shm_space, sweep_stale_segments
 from easycore.common.parallel import wire
 from easycore.common.parallel.devices import choose_start_method, parse_devices
+from easycore.common.parallel.hooks import RunnerHooks
 from easycore.common.parallel.worker import producer_main
 from easycore.errors import (
     EasycoreError,
@@ -222,7 +223,7 @@ def _close_all_at_exit() -> None:
             pass
 
 
-class BaseRunner:
+class BaseRunner(RunnerHooks):
     """A multi-process runner: one producer process per device, one consumer thread.
 
     Subclass :class:`UnorderedRunner` or :class:`OrderedRunner` and override the six static
@@ -278,76 +279,6 @@ class BaseRunner:
         self._lock = threading.Lock()
         self.stats = RunnerStats()
         self.activate()
-
-    # ----- the six hooks (the manual's defaults) -----
-
-    @staticmethod
-    def producer_init(device: str, cfg: Any) -> None:
-        """Function for producer initialization.
-
-        Args:
-            device (str): device for the this process.
-            cfg (easycore.common.config.CfgNode): config of this process, you can use it to
-                transfer data to `producer_work` and `producer_end` function.
-        """
-
-    @staticmethod
-    def producer_work(device: str, cfg: Any, data: Any) -> Any:
-        """Function specify how the producer processes the data.
-
-        Args:
-            device (str): device for this process.
-            cfg (easycore.common.config.CfgNode): config of this process, you can use it to
-                get data from `producer_init` function and transfer data to the next
-                `producer_work` and `producer_end` function.
-            data (Any): data get from input of `__call__` method.
-
-        Returns:
-            Any: processed data
-        """
-        return data
-
-    @staticmethod
-    def producer_end(device: str, cfg: Any) -> None:
-        """Function after finishing all of its task and before close the process.
-
-        Args:
-            device (str): device for this process.
-            cfg (easycore.common.config.CfgNode): config of this process, you can use it to
-                get data from `producer_init` and `producer_work` function.
-        """
-
-    @staticmethod
-    def consumer_init(cfg: Any) -> None:
-        """Function for consumer initialization.
-
-        Args:
-            cfg (easycore.common.config.CfgNode): config of this process, you can use it to
-                transfer data to `consumer_work` and `consumer_end` function.
-        """
-
-    @staticmethod
-    def consumer_work(cfg: Any, data: Any) -> None:
-        """Function specify how the consumer processses the data from producers.
-
-        Args:
-            cfg (easycore.common.config.CfgNode): config of this process, you can use it to
-                get data from `consumer_init` function and transfer data to the next
-                `consumer_work` and `consumer_end` function.
-        """
-
-    @staticmethod
-    def consumer_end(cfg: Any) -> Any:
-        """Function after receiving all data from producers.
-
-        Args:
-            cfg (easycore.common.config.CfgNode): config of this process, you can use it get
-                data from `consumer_work` function.
-
-        Returns:
-            Any: processed data
-        """
-        return None
 
     # ----- hooks of the flavours -----
 
