@@ -4,14 +4,18 @@
 //! * [`shm`]: named shared-memory segments.
 //! * [`wait`]: futex wait/wake on a shared word; process liveness.
 //! * [`queue`]: the bounded inter-process message queue.
+//! * [`slots`]: the queue's pool of reusable segments for large messages.
+//! * [`pidlock`]: the short shared-memory lock that survives its holder's death.
 //! * [`reorder`]: the sequence-ordered reorder buffer.
 //! * [`lock`]: the inter-process file lock.
 
 pub mod error;
 pub mod lock;
+pub mod pidlock;
 pub mod queue;
 pub mod reorder;
 pub mod shm;
+pub mod slots;
 pub mod wait;
 
 #[cfg(feature = "python")]

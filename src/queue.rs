@@ -11,18 +11,20 @@
 //! parts with no lock held, then *commits* by storing `READY` into the record's state word. A
 //! reader *claims* committed records at `read` in FIFO order under the lock, copies them out with
 //! no lock held, then *releases* them; `tail` advances over released records, which frees ring
-//! space. Messages whose record would exceed `max_inline` bytes go to a dedicated *side segment*
-//! (its own shared-memory file) and the ring holds only its name; the reader maps it and may hand
-//! out zero-copy views, so a message larger than the ring never stalls the queue.
+//! space. Messages whose record would exceed `max_inline` bytes go to a *side segment* and the
+//! ring holds only a reference to it; the reader maps it and hands out zero-copy views, so a
+//! message larger than the ring never stalls the queue. Side segments come from a pool of
+//! reusable *slots* ([`crate::slots`]), or, when the pool has none to give, are made for the
+//! one message (*one-shot*) and unlinked by the reader.
 //!
 //! # Robustness: the lock and dead processes
-//! The lock is a word holding the pid of its holder (0 when free), taken by compare-and-swap; it
-//! guards only a few stores of positions and counters, never a copy or a wait. A process that
-//! dies holding it (SIGKILL) is detected by waiters (`kill(pid, 0)` fails) and the lock is taken
-//! over; every update under the lock is ordered so that any prefix of it leaves the ring
-//! consistent. A record left `WRITING` or `READING` by a dead process is marked `ABANDONED` by
+//! The lock ([`PidLock`]) holds the pid of its holder; it guards only a few stores of positions
+//! and counters, never a copy or a wait. A process that dies holding it (SIGKILL) is detected by
+//! waiters and the lock is taken over; every update under the lock is ordered so that any
+//! prefix of it leaves the ring consistent. A record left `WRITING` or `READING` by a dead process is marked `ABANDONED` by
 //! the next waiter whose wait times out ([`Queue::recover`]), its side segment unlinked, and the
-//! ring moves on. So no process can leave the others blocked forever.
+//! ring moves on; a slot held by a dead process is discarded. So no process can leave the
+//! others blocked forever.
 //!
 //! # Waiting
 //! Blocked readers wait on the futex word `data_seq`, bumped by every commit and by close;
@@ -30,21 +32,25 @@
 //! for a few microseconds (most waits are short when both sides are busy), and the other side
 //! issues a wake system call only when someone is actually asleep.
 //!
-//! # Shared-memory layout (version 1), offsets from the segment start
+//! # Shared-memory layout (version 2), offsets from the segment start
 //! ```text
-//! [0, 4096)                    Header (#[repr(C)]; hot words on their own 128-byte lines)
+//! [0, 4096)                    Header (#[repr(C)]; hot words on their own 128-byte lines; it
+//!                              ends with the slot table of crate::slots)
 //! [4096, 4096 + ring_size)     ring of records; ring_size is a multiple of 64
 //! record at (pos % ring_size), 64-byte aligned:
 //!   [0, 64)    RecordHeader (#[repr(C)])
 //!   [64, ...)  inline body:  nparts x u64 part lengths, padded to 64, then each part padded to 64
 //!              side record:  the side segment's name (name_len bytes); the side segment holds
 //!                            the same body layout from its offset 0
+//!              slot record:  no body; `slot`/`slot_gen` name the pooled segment holding it
 //! A record that would not fit before the end of the ring is preceded by a PAD record filling
 //! the rest of the ring.
 //! ```
 
 use crate::error::{CoreError, Result};
+use crate::pidlock::{PidLock, PidLockGuard};
 use crate::shm::Segment;
+use crate::slots::{Lease, SideBuf, SlotMaps, SlotTable, TableAt, Taken};
 use crate::wait::{self, current_pid, pid_alive};
 use crossbeam_utils::Backoff;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -54,12 +60,14 @@ use std::time::{Duration, Instant};
 /// "easyqueu" in ASCII.
 pub const MAGIC: u64 = 0x6561_7379_7175_6575;
 /// Layout version; bumped on any change of the shared layout.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 const HEADER_BYTES: usize = 4096;
 const ALIGN: u64 = 64;
 const REC_BYTES: u64 = 64;
 /// A waiter that sleeps this long without progress checks for dead processes.
 const RECOVER_TICK: Duration = Duration::from_millis(50);
+/// Default [`QueueConfig::pool_min`]: copying this much costs more than leasing a slot.
+const DEFAULT_POOL_MIN: u64 = 256 << 10;
 
 // Record states.
 const ST_WRITING: u32 = 1;
@@ -69,7 +77,10 @@ const ST_DONE: u32 = 4;
 const ST_PAD: u32 = 5;
 const ST_ABANDONED: u32 = 6;
 
+/// The body is in a one-shot side segment whose name follows the record header.
 const FLAG_SIDE: u32 = 1;
+/// The body is in a pooled side segment: slot `slot`, generation `slot_gen` ([`crate::slots`]).
+const FLAG_SLOT: u32 = 2;
 
 /// One word on its own cache lines, so that writers and readers do not false-share.
 #[repr(C, align(128))]
@@ -92,12 +103,12 @@ struct Header {
     max_inline: AtomicU64,
     /// At most this many bytes of side segments are in flight, unless the queue holds none.
     side_budget: AtomicU64,
+    /// Bodies of at least this many bytes go to a pooled slot when one can be had.
+    pool_min: AtomicU64,
     /// 1 once closed.
     closed: AtomicU32,
-    /// pid holding the lock, 0 when free.
-    lock: Padded<AtomicU32>,
-    /// threads asleep on `lock`.
-    lock_waiters: AtomicU32,
+    /// Guards the positions, the counters below and the slot table.
+    lock: Padded<PidLock>,
     /// Under the lock: next byte to reserve.
     head: AtomicU64,
     /// Under the lock: next record to claim.
@@ -119,6 +130,8 @@ struct Header {
     /// Statistics: messages and payload bytes put.
     total_puts: Padded<AtomicU64>,
     total_bytes: AtomicU64,
+    /// The pool of side segments for large messages.
+    slots: SlotTable,
 }
 
 /// The header of one record in the ring.
@@ -137,7 +150,9 @@ struct RecordHeader {
     flags: AtomicU32,
     /// side records: length of the side segment's name stored after the header
     name_len: AtomicU32,
-    _reserved: [u64; 2],
+    /// slot records: the slot's index and generation
+    slot: AtomicU64,
+    slot_gen: AtomicU64,
 }
 
 const _: () = assert!(std::mem::size_of::<RecordHeader>() == REC_BYTES as usize);
@@ -171,6 +186,13 @@ pub struct QueueConfig {
     /// Most side-segment bytes in flight (one message is always admitted when none is).
     /// Defaults to the ring size.
     pub side_budget: Option<u64>,
+    /// Most bytes of pooled side segments kept for reuse (0: no pool, every large message
+    /// gets a one-shot segment). Defaults to twice the side budget.
+    pub pool_bytes: Option<u64>,
+    /// Messages whose body has at least this many bytes travel in a pooled slot (read
+    /// zero-copy) when the pool has one to give, else inline if they fit, else in a one-shot
+    /// segment. Defaults to 256 KiB (at most `max_inline`).
+    pub pool_min: Option<u64>,
 }
 
 impl Default for QueueConfig {
@@ -180,15 +202,19 @@ impl Default for QueueConfig {
             max_messages: 1 << 16,
             max_inline: None,
             side_budget: None,
+            pool_bytes: None,
+            pool_min: None,
         }
     }
 }
 
 /// A handle on a queue; every process holds its own (created, or attached by name).
 pub struct Queue {
-    seg: Segment,
+    seg: Arc<Segment>,
     ring_size: u64,
     spin: Duration,
+    /// This process's mappings of slot segments.
+    maps: SlotMaps,
 }
 
 /// A claimed message: its record stays reserved until [`Queue::release`].
@@ -202,29 +228,23 @@ pub struct Claimed {
     /// (offset, length) of each part: from the record's body in the ring, or from the start
     /// of the side segment.
     pub parts: Vec<(u64, u64)>,
-    /// The side segment, already unlinked, for large messages.
-    pub side: Option<Arc<Segment>>,
+    /// The side segment of a large message (a leased slot, or a one-shot segment already
+    /// unlinked); zero-copy views keep it alive.
+    pub side: Option<Arc<SideBuf>>,
     released: bool,
+}
+
+/// Where a large message's body goes.
+enum Side {
+    Slot(Taken),
+    /// A one-shot segment: its name and length.
+    OneShot(String, u64),
 }
 
 /// Where a writer may copy its parts.
 struct Reservation {
     pos: u64,
-    side: Option<(String, u64)>,
-}
-
-struct LockGuard<'a> {
-    q: &'a Queue,
-}
-
-impl Drop for LockGuard<'_> {
-    fn drop(&mut self) {
-        let h = self.q.hdr();
-        h.lock.0.store(0, Ordering::Release);
-        if h.lock_waiters.load(Ordering::SeqCst) > 0 {
-            wait::wake_one(&h.lock.0);
-        }
-    }
+    side: Option<Side>,
 }
 
 impl Queue {
@@ -240,9 +260,10 @@ impl Queue {
             .clamp(REC_BYTES * 2, ring / 2);
         let seg = Segment::create(HEADER_BYTES + ring as usize, current_pid())?;
         let q = Queue {
-            seg,
+            seg: Arc::new(seg),
             ring_size: ring,
             spin: Duration::from_micros(20),
+            maps: SlotMaps::default(),
         };
         let h = q.hdr();
         h.version.store(VERSION, Ordering::Relaxed);
@@ -250,8 +271,14 @@ impl Queue {
         h.ring_size.store(ring, Ordering::Relaxed);
         h.max_msgs.store(cfg.max_messages, Ordering::Relaxed);
         h.max_inline.store(max_inline, Ordering::Relaxed);
-        h.side_budget
-            .store(cfg.side_budget.unwrap_or(ring).max(1), Ordering::Relaxed);
+        let side_budget = cfg.side_budget.unwrap_or(ring).max(1);
+        h.side_budget.store(side_budget, Ordering::Relaxed);
+        h.slots
+            .init(cfg.pool_bytes.unwrap_or(side_budget.saturating_mul(2)));
+        h.pool_min.store(
+            cfg.pool_min.unwrap_or(DEFAULT_POOL_MIN.min(max_inline)),
+            Ordering::Relaxed,
+        );
         h.magic.store(MAGIC, Ordering::Release);
         Ok(q)
     }
@@ -279,9 +306,10 @@ impl Queue {
             )));
         }
         Ok(Queue {
-            seg,
+            seg: Arc::new(seg),
             ring_size: ring,
             spin: Duration::from_micros(20),
+            maps: SlotMaps::default(),
         })
     }
 
@@ -378,45 +406,21 @@ impl Queue {
         self.hdr().closed.load(Ordering::SeqCst) != 0
     }
 
-    fn lock(&self) -> LockGuard<'_> {
-        let h = self.hdr();
-        let me = current_pid();
-        let word = &h.lock.0;
-        if word
-            .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
-            .is_ok()
-        {
-            return LockGuard { q: self };
+    fn lock(&self) -> PidLockGuard<'_> {
+        self.hdr().lock.0.lock()
+    }
+
+    /// Where a [`Lease`] finds the lock and the slot table in this queue's segment.
+    fn table_at() -> TableAt {
+        TableAt {
+            lock: std::mem::offset_of!(Header, lock),
+            table: std::mem::offset_of!(Header, slots),
         }
-        let backoff = Backoff::new();
-        loop {
-            let cur = word.load(Ordering::Relaxed);
-            if cur == 0 {
-                if word
-                    .compare_exchange(0, me, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-                {
-                    return LockGuard { q: self };
-                }
-                continue;
-            }
-            if !backoff.is_completed() {
-                backoff.snooze();
-                continue;
-            }
-            h.lock_waiters.fetch_add(1, Ordering::SeqCst);
-            wait::wait(word, cur, Some(Duration::from_millis(10)));
-            h.lock_waiters.fetch_sub(1, Ordering::SeqCst);
-            // Still held by the same pid after a long wait: take it over if that process died.
-            if word.load(Ordering::Relaxed) == cur
-                && !pid_alive(cur)
-                && word
-                    .compare_exchange(cur, me, Ordering::Acquire, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return LockGuard { q: self };
-            }
-        }
+    }
+
+    /// Bytes of pooled side segments that exist now, and the most the pool may keep.
+    pub fn pool_bytes(&self) -> (u64, u64) {
+        self.hdr().slots.bytes()
     }
 
     // ----- writing -----
@@ -437,16 +441,24 @@ impl Queue {
             return Ok(None);
         }
         let inline_need = align_up(REC_BYTES + body, ALIGN);
-        let side = inline_need > h.max_inline.load(Ordering::Relaxed);
-        let (need, side_name) = if side {
-            let used = h.side_bytes.load(Ordering::Relaxed);
-            if used > 0 && used + body > h.side_budget.load(Ordering::Relaxed) {
-                return Ok(None);
-            }
+        let large = inline_need > h.max_inline.load(Ordering::Relaxed);
+        let used = h.side_bytes.load(Ordering::Relaxed);
+        let within_budget = used == 0 || used + body <= h.side_budget.load(Ordering::Relaxed);
+        if large && !within_budget {
+            return Ok(None);
+        }
+        let mut side = None;
+        if within_budget && body >= h.pool_min.load(Ordering::Relaxed) {
+            side = h.slots.take(self.name(), body).map(Side::Slot);
+        }
+        if side.is_none() && large {
             let name = crate::shm::new_name_for(h.owner_pid.load(Ordering::Relaxed));
-            (align_up(REC_BYTES + name.len() as u64, ALIGN), Some(name))
-        } else {
-            (inline_need, None)
+            side = Some(Side::OneShot(name, body));
+        }
+        let need = match &side {
+            None => inline_need,
+            Some(Side::Slot(_)) => REC_BYTES,
+            Some(Side::OneShot(name, _)) => align_up(REC_BYTES + name.len() as u64, ALIGN),
         };
         let mut head = h.head.load(Ordering::Relaxed);
         let tail = h.tail.load(Ordering::Relaxed);
@@ -461,6 +473,9 @@ impl Queue {
         let off = head % r;
         let pad = if off + need > r { r - off } else { 0 };
         if head + pad + need - tail > r {
+            if let Some(Side::Slot(t)) = side {
+                h.slots.untake(t);
+            }
             return Ok(None);
         }
         if pad > 0 {
@@ -479,18 +494,25 @@ impl Queue {
         rec.nparts.store(nparts, Ordering::Relaxed);
         rec.size.store(need, Ordering::Relaxed);
         rec.body_len.store(body, Ordering::Relaxed);
-        let side = side_name.map(|name| {
-            rec.flags.store(FLAG_SIDE, Ordering::Relaxed);
-            rec.name_len.store(name.len() as u32, Ordering::Relaxed);
-            // SAFETY: the record has `need >= 64 + name.len()` bytes reserved for us.
-            unsafe {
-                std::ptr::copy_nonoverlapping(name.as_ptr(), self.body_ptr(head), name.len())
-            };
+        rec.flags.store(0, Ordering::Relaxed);
+        match &side {
+            None => {}
+            Some(Side::Slot(t)) => {
+                rec.slot.store(t.idx as u64, Ordering::Relaxed);
+                rec.slot_gen.store(t.gen, Ordering::Relaxed);
+                rec.flags.store(FLAG_SLOT, Ordering::Relaxed);
+            }
+            Some(Side::OneShot(name, _)) => {
+                rec.name_len.store(name.len() as u32, Ordering::Relaxed);
+                // SAFETY: the record has `need >= 64 + name.len()` bytes reserved for us.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(name.as_ptr(), self.body_ptr(head), name.len())
+                };
+                rec.flags.store(FLAG_SIDE, Ordering::Relaxed);
+            }
+        }
+        if side.is_some() {
             h.side_bytes.fetch_add(body, Ordering::Relaxed);
-            (name, body)
-        });
-        if side.is_none() {
-            rec.flags.store(0, Ordering::Relaxed);
         }
         // Publish the reservation last, so a crash before this line leaves nothing reserved.
         h.head.store(head + need, Ordering::Relaxed);
@@ -504,18 +526,32 @@ impl Queue {
         let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
         let (_, offsets) = body_layout(&lens);
         let rec = self.rec(res.pos);
+        let h = self.hdr();
         let outcome = match &res.side {
             None => {
                 write_body(self.body_ptr(res.pos), parts, &offsets);
                 Ok(())
             }
-            Some((name, len)) => Segment::create_named(name, *len as usize).map(|seg| {
-                write_body(seg.as_ptr(), parts, &offsets);
-                // The reader attaches by name; our handle must not unlink it on drop.
-                seg.forget_name();
-            }),
+            Some(Side::Slot(t)) => match self.maps.get(self.name(), *t) {
+                Ok(seg) => {
+                    write_body(seg.as_ptr(), parts, &offsets);
+                    h.slots.hand_to_ring(t.idx);
+                    Ok(())
+                }
+                Err(e) => {
+                    let _g = self.lock();
+                    h.slots.discard(self.name(), t.idx, t.gen);
+                    Err(e)
+                }
+            },
+            Some(Side::OneShot(name, len)) => {
+                Segment::create_named(name, *len as usize).map(|seg| {
+                    write_body(seg.as_ptr(), parts, &offsets);
+                    // The reader attaches by name; our handle must not unlink it on drop.
+                    seg.forget_name();
+                })
+            }
         };
-        let h = self.hdr();
         rec.state.store(
             if outcome.is_ok() {
                 ST_READY
@@ -646,7 +682,7 @@ impl Queue {
         let mut out = Vec::new();
         loop {
             let seen = h.data_seq.0.load(Ordering::SeqCst);
-            let mut side_names = Vec::new();
+            let mut sides = Vec::new();
             {
                 let _g = self.lock();
                 let head = h.head.load(Ordering::Relaxed);
@@ -664,8 +700,14 @@ impl Queue {
                             rec.state.store(ST_READING, Ordering::Relaxed);
                             h.pending.fetch_sub(1, Ordering::Relaxed);
                             out.push(self.describe(read, rec));
-                            if rec.flags.load(Ordering::Relaxed) & FLAG_SIDE != 0 {
-                                side_names.push((out.len() - 1, self.side_name(read, rec)));
+                            let flags = rec.flags.load(Ordering::Relaxed);
+                            if flags & FLAG_SIDE != 0 {
+                                let name = self.side_name(read, rec);
+                                sides.push((out.len() - 1, SideRef::OneShot(name)));
+                            } else if flags & FLAG_SLOT != 0 {
+                                let (idx, gen) = slot_of(rec);
+                                h.slots.hand_to(idx, gen, current_pid());
+                                sides.push((out.len() - 1, SideRef::Slot(idx, gen)));
                             }
                         }
                         _ => break, // WRITING: FIFO order waits for it
@@ -675,7 +717,7 @@ impl Queue {
                 h.read.store(read, Ordering::Relaxed);
             }
             if !out.is_empty() {
-                self.open_sides(&mut out, side_names)?;
+                self.open_sides(&mut out, sides)?;
                 return Ok(out);
             }
             if h.closed.load(Ordering::SeqCst) != 0 && h.pending.load(Ordering::Relaxed) == 0 {
@@ -688,6 +730,7 @@ impl Queue {
     }
 
     fn describe(&self, pos: u64, rec: &RecordHeader) -> Claimed {
+        debug_assert!(rec.flags.load(Ordering::Relaxed) & (FLAG_SIDE | FLAG_SLOT) != 3);
         let nparts = rec.nparts.load(Ordering::Relaxed) as usize;
         Claimed {
             pos,
@@ -708,17 +751,38 @@ impl Queue {
     }
 
     /// Maps side segments and reads every claim's part table.
-    fn open_sides(&self, out: &mut [Claimed], sides: Vec<(usize, String)>) -> Result<()> {
+    fn open_sides(&self, out: &mut [Claimed], sides: Vec<(usize, SideRef)>) -> Result<()> {
         let mut err = None;
-        for (i, name) in sides {
-            match Segment::attach(&name) {
-                Ok(seg) => {
-                    let _ = seg.unlink();
-                    out[i].side = Some(Arc::new(seg));
-                }
-                Err(e) => {
-                    let _ = crate::shm::unlink_name(&name);
-                    err.get_or_insert(e);
+        for (i, side) in sides {
+            match side {
+                SideRef::OneShot(name) => match Segment::attach(&name) {
+                    Ok(seg) => {
+                        let _ = seg.unlink();
+                        out[i].side = Some(Arc::new(SideBuf::new(Arc::new(seg), None)));
+                    }
+                    Err(e) => {
+                        let _ = crate::shm::unlink_name(&name);
+                        err.get_or_insert(e);
+                    }
+                },
+                SideRef::Slot(idx, gen) => {
+                    let t = Taken {
+                        idx,
+                        gen,
+                        size: 0,
+                        fresh: false,
+                    };
+                    match self.maps.get(self.name(), t) {
+                        Ok(seg) => {
+                            let lease = Lease::new(self.seg.clone(), Self::table_at(), idx, gen);
+                            out[i].side = Some(Arc::new(SideBuf::new(seg, Some(lease))));
+                        }
+                        Err(e) => {
+                            let _g = self.lock();
+                            self.hdr().slots.discard(self.name(), idx, gen);
+                            err.get_or_insert(e);
+                        }
+                    }
                 }
             }
         }
@@ -786,7 +850,7 @@ impl Queue {
             }
             if st != ST_PAD {
                 h.n_msgs.fetch_sub(1, Ordering::Relaxed);
-                if rec.flags.load(Ordering::Relaxed) & FLAG_SIDE != 0 {
+                if rec.flags.load(Ordering::Relaxed) & (FLAG_SIDE | FLAG_SLOT) != 0 {
                     h.side_bytes
                         .fetch_sub(rec.body_len.load(Ordering::Relaxed), Ordering::Relaxed);
                 }
@@ -824,14 +888,21 @@ impl Queue {
             let rec = self.rec(pos);
             let st = rec.state.load(Ordering::Acquire);
             if (st == ST_WRITING || st == ST_READING) && !alive(rec.owner.load(Ordering::Relaxed)) {
-                if rec.flags.load(Ordering::Relaxed) & FLAG_SIDE != 0 {
+                let flags = rec.flags.load(Ordering::Relaxed);
+                if flags & FLAG_SIDE != 0 {
                     let _ = crate::shm::unlink_name(&self.side_name(pos, rec));
+                } else if flags & FLAG_SLOT != 0 && st == ST_WRITING {
+                    // Half written: the slot's content is garbage (a dead reader's slot is
+                    // left to recover_dead below, by its holder pid).
+                    let (idx, gen) = slot_of(rec);
+                    h.slots.discard(self.name(), idx, gen);
                 }
                 rec.state.store(ST_ABANDONED, Ordering::Release);
                 found += 1;
             }
             pos += rec.size.load(Ordering::Relaxed).max(ALIGN);
         }
+        found += h.slots.recover_dead(self.name());
         if found > 0 {
             self.advance_tail(h);
             h.data_seq.0.fetch_add(1, Ordering::SeqCst);
@@ -843,12 +914,14 @@ impl Queue {
 
 impl Drop for Queue {
     fn drop(&mut self) {
-        // The owner removes side segments of messages nobody will read any more: once the
-        // owner drops its handle the queue is over (a forked child's copy has another pid).
-        let h = self.hdr();
-        if h.owner_pid.load(Ordering::Relaxed) != current_pid() {
+        // The creator removes pooled segments and those of messages nobody will read any
+        // more: once the creating handle is dropped the queue is over (a forked child's copy
+        // of it, and handles attached by name, leave them).
+        if !self.seg.is_creator() {
             return;
         }
+        let h = self.hdr();
+        h.slots.unlink_all(self.name());
         let head = h.head.load(Ordering::Relaxed);
         let mut pos = h.read.load(Ordering::Relaxed);
         while pos < head {
@@ -861,6 +934,20 @@ impl Drop for Queue {
             pos += rec.size.load(Ordering::Relaxed).max(ALIGN);
         }
     }
+}
+
+/// A side segment to map at claim.
+enum SideRef {
+    OneShot(String),
+    Slot(usize, u64),
+}
+
+/// The slot (index, generation) of a slot record.
+fn slot_of(rec: &RecordHeader) -> (usize, u64) {
+    (
+        (rec.slot.load(Ordering::Relaxed) as usize).min(crate::slots::SLOTS - 1),
+        rec.slot_gen.load(Ordering::Relaxed),
+    )
 }
 
 fn write_body(base: *mut u8, parts: &[&[u8]], offsets: &[u64]) {
@@ -887,6 +974,8 @@ mod tests {
             max_messages: 1 << 20,
             max_inline: None,
             side_budget: None,
+            pool_bytes: None,
+            pool_min: None,
         })
         .unwrap()
     }
@@ -968,6 +1057,201 @@ mod tests {
         assert!(Segment::attach(side.name()).is_err());
     }
 
+    /// A queue with a 64 KiB ring (16 KiB inline at most) and a pool of `pool` bytes.
+    fn pooled(pool: Option<u64>) -> Queue {
+        Queue::create(&QueueConfig {
+            ring_bytes: 1 << 16,
+            max_messages: 1 << 10,
+            max_inline: None,
+            side_budget: None,
+            pool_bytes: pool,
+            pool_min: None,
+        })
+        .unwrap()
+    }
+
+    fn big(len: usize, salt: u8) -> Vec<u8> {
+        (0..len).map(|i| (i % 251) as u8 ^ salt).collect()
+    }
+
+    /// Claims one large message, checks its content, returns it with its side segment's name.
+    fn claim_big(q: &Queue, want: &[u8]) -> (Vec<Claimed>, String) {
+        let c = q.claim(1, None).unwrap();
+        let len = c[0].parts[1].1 as usize;
+        // SAFETY: the claim is held.
+        let got = unsafe { std::slice::from_raw_parts(q.part_ptr(&c[0], 1), len) };
+        assert_eq!(got, want);
+        let name = c[0].side.as_ref().unwrap().name().to_owned();
+        (c, name)
+    }
+
+    #[test]
+    fn large_messages_reuse_pooled_segments() {
+        let q = pooled(None);
+        let a = big(40_000, 1);
+        q.put(1, 0, &[b"hdr", &a], None).unwrap();
+        let (mut c, first) = claim_big(&q, &a);
+        assert!(c[0].side.as_ref().unwrap().pooled());
+        q.release(&mut c);
+        drop(c);
+        let kept = q.pool_bytes().0;
+        assert!(kept >= 40_000, "{kept}");
+        for salt in 2..20 {
+            let b = big(40_000 - salt as usize, salt);
+            q.put(salt as u64, 0, &[b"hdr", &b], None).unwrap();
+            let (mut c, name) = claim_big(&q, &b);
+            assert_eq!(name, first, "the free segment is reused");
+            q.release(&mut c);
+        }
+        assert_eq!(q.pool_bytes().0, kept);
+    }
+
+    #[test]
+    fn a_held_view_keeps_its_slot() {
+        let q = pooled(None);
+        let a = big(30_000, 1);
+        q.put(1, 0, &[b"hdr", &a], None).unwrap();
+        let (mut ca, name_a) = claim_big(&q, &a);
+        q.release(&mut ca);
+        let view_a = ca[0].side.clone().unwrap();
+        let off = ca[0].parts[1].0 as usize;
+        drop(ca);
+        let b = big(30_000, 2);
+        q.put(2, 0, &[b"hdr", &b], None).unwrap();
+        let (mut cb, name_b) = claim_big(&q, &b);
+        q.release(&mut cb);
+        drop(cb);
+        assert_ne!(name_a, name_b, "a slot in use is not written over");
+        // SAFETY: the view keeps the mapping alive; the body starts at `off`.
+        let still = unsafe { std::slice::from_raw_parts(view_a.as_ptr().add(off), a.len()) };
+        assert_eq!(still, &a[..]);
+        drop(view_a);
+        let c = big(30_000, 3);
+        q.put(3, 0, &[b"hdr", &c], None).unwrap();
+        let (_cc, name_c) = claim_big(&q, &c);
+        assert!(name_c == name_a || name_c == name_b);
+    }
+
+    #[test]
+    fn the_pool_stays_under_its_cap() {
+        // No pool: every large message gets a one-shot segment.
+        let q = pooled(Some(0));
+        let a = big(30_000, 1);
+        q.put(1, 0, &[b"hdr", &a], None).unwrap();
+        let (mut c, _) = claim_big(&q, &a);
+        assert!(!c[0].side.as_ref().unwrap().pooled());
+        q.release(&mut c);
+        assert_eq!(q.pool_bytes(), (0, 0));
+        // Room for two 40 KB segments: views held on three messages make the third one-shot.
+        let q = pooled(Some(100_000));
+        let mut held = Vec::new();
+        for salt in 0..3u8 {
+            let b = big(40_000, salt);
+            q.put(salt as u64, 0, &[b"hdr", &b], None).unwrap();
+            let (mut c, _) = claim_big(&q, &b);
+            q.release(&mut c);
+            held.push(c[0].side.clone().unwrap());
+        }
+        let pooled_now: Vec<bool> = held.iter().map(|s| s.pooled()).collect();
+        assert_eq!(pooled_now, vec![true, true, false]);
+        assert!(q.pool_bytes().0 <= 100_000);
+    }
+
+    #[test]
+    fn mid_sized_messages_lease_a_slot_or_go_inline() {
+        let q = |pool: u64| {
+            Queue::create(&QueueConfig {
+                ring_bytes: 1 << 20,
+                max_messages: 1 << 10,
+                max_inline: None,
+                side_budget: None,
+                pool_bytes: Some(pool),
+                pool_min: Some(8 << 10),
+            })
+            .unwrap()
+        };
+        let a = big(20_000, 1);
+        let small = b"tiny".to_vec();
+        // Above pool_min: a slot (zero-copy); below: inline.
+        let pooled_q = q(1 << 20);
+        pooled_q.put(1, 0, &[b"hdr", &a], None).unwrap();
+        pooled_q.put(2, 0, &[b"hdr", &small], None).unwrap();
+        let (mut c, _) = claim_big(&pooled_q, &a);
+        assert!(c[0].side.as_ref().unwrap().pooled());
+        pooled_q.release(&mut c);
+        let mut c = pooled_q.claim(1, None).unwrap();
+        assert!(c[0].side.is_none());
+        pooled_q.release(&mut c);
+        // No pool: a message that fits inline goes inline, never to a one-shot segment.
+        let inline_q = q(0);
+        inline_q.put(1, 0, &[b"hdr", &a], None).unwrap();
+        let mut c = inline_q.claim(1, None).unwrap();
+        assert!(c[0].side.is_none());
+        let len = c[0].parts[1].1 as usize;
+        // SAFETY: the claim is held.
+        let got = unsafe { std::slice::from_raw_parts(inline_q.part_ptr(&c[0], 1), len) };
+        assert_eq!(got, &a[..]);
+        inline_q.release(&mut c);
+    }
+
+    #[test]
+    fn a_larger_message_evicts_a_free_smaller_segment() {
+        let q = pooled(Some(150_000));
+        let a = big(40_000, 1);
+        q.put(1, 0, &[b"hdr", &a], None).unwrap();
+        let (mut c, small_name) = claim_big(&q, &a);
+        q.release(&mut c);
+        drop(c);
+        let b = big(120_000, 2);
+        q.put(2, 0, &[b"hdr", &b], None).unwrap();
+        let (mut c, big_name) = claim_big(&q, &b);
+        assert!(c[0].side.as_ref().unwrap().pooled());
+        q.release(&mut c);
+        assert_ne!(small_name, big_name);
+        assert!(
+            Segment::attach(&small_name).is_err(),
+            "evicted segments are unlinked"
+        );
+        let (kept, cap) = q.pool_bytes();
+        assert!(kept >= 120_000 && kept <= cap, "{kept} {cap}");
+    }
+
+    #[test]
+    fn a_slot_held_by_a_dead_reader_is_recovered() {
+        let q = pooled(None);
+        let a = big(30_000, 1);
+        q.put(1, 0, &[b"hdr", &a], None).unwrap();
+        let (mut c, name) = claim_big(&q, &a);
+        q.release(&mut c);
+        // Pretend the reader died while its views lived.
+        let idx = slot_of(q.rec(c[0].pos)).0;
+        q.hdr().slots.set_holder(idx, (i32::MAX - 7) as u32);
+        assert!(q.recover() >= 1);
+        assert_eq!(q.pool_bytes().0, 0);
+        assert!(Segment::attach(&name).is_err());
+        // Our (stale) lease does not free a slot that is no longer ours.
+        drop(c);
+        assert_eq!(q.pool_bytes().0, 0);
+    }
+
+    #[test]
+    fn dropping_the_owner_unlinks_pooled_segments() {
+        let q = pooled(None);
+        let other = Queue::attach(q.name()).unwrap();
+        let a = big(30_000, 1);
+        other.put(1, 0, &[b"hdr", &a], None).unwrap();
+        let (mut c, name) = claim_big(&q, &a);
+        q.release(&mut c);
+        drop(c);
+        drop(other);
+        assert!(
+            Segment::attach(&name).is_ok(),
+            "kept for reuse while the queue lives"
+        );
+        drop(q);
+        assert!(Segment::attach(&name).is_err());
+    }
+
     #[test]
     fn bounded_in_messages_and_nonblocking_calls() {
         let q = Queue::create(&QueueConfig {
@@ -975,6 +1259,8 @@ mod tests {
             max_messages: 3,
             max_inline: None,
             side_budget: None,
+            pool_bytes: None,
+            pool_min: None,
         })
         .unwrap();
         let now = Some(Instant::now());
@@ -1017,6 +1303,8 @@ mod tests {
                 max_messages: 1,
                 max_inline: None,
                 side_budget: None,
+                pool_bytes: None,
+                pool_min: None,
             })
             .unwrap(),
         );
@@ -1139,10 +1427,7 @@ mod tests {
     #[test]
     fn lock_held_by_a_dead_process_is_taken_over() {
         let q = small(4096);
-        q.hdr()
-            .lock
-            .0
-            .store((i32::MAX - 5) as u32, Ordering::SeqCst);
+        q.hdr().lock.0.force_holder((i32::MAX - 5) as u32);
         q.put(1, 0, &[], None).unwrap();
         assert_eq!(get(&q, None).unwrap().0, 1);
     }

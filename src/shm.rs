@@ -267,6 +267,12 @@ impl Segment {
         self.ptr.as_ptr()
     }
 
+    /// Whether this handle created the segment in this process (a forked child's copy did
+    /// not).
+    pub fn is_creator(&self) -> bool {
+        self.creator == Some(current_pid())
+    }
+
     /// Whether [`Segment::unlink`] was called through this handle.
     pub fn is_unlinked(&self) -> bool {
         self.unlinked.load(Ordering::Acquire)

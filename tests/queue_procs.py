@@ -96,3 +96,16 @@ def hog_reader(q: Queue, ready) -> None:
 def sleep_then_kill_self(delay: float) -> None:
     time.sleep(delay)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def array_writer(q: Queue, n: int, nbytes: int) -> None:
+    """Sends ``n`` numpy arrays of ``nbytes`` whose every byte is ``i % 251`` (pickle 5)."""
+    import pickle
+
+    import numpy as np
+
+    for i in range(n):
+        a = np.full(nbytes, i % 251, dtype=np.uint8)
+        bufs: list = []
+        head = pickle.dumps(a, protocol=5, buffer_callback=bufs.append)
+        q.put(i, 0, [head, *(b.raw() for b in bufs)])

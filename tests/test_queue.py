@@ -177,6 +177,43 @@ def test_numpy_round_trip_with_pickle_protocol_5():
     assert isinstance(parts[1], ShmBuffer) and len(parts[1]) == large.nbytes
 
 
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_large_messages_reuse_pooled_segments_and_held_views_stay_intact(method):
+    nbytes, n = 3 << 20, 60
+    q = Queue(capacity_bytes=8 << 20, max_messages=64)
+    cap = q.pool_bytes()[1]
+    p = mp.get_context(method).Process(target=qp.array_writer, args=(q, n, nbytes))
+    p.start()
+    held = {}
+    names = set()
+    try:
+        for i in range(n):
+            seq, _, parts = q.get(timeout=60)
+            assert seq == i
+            assert isinstance(parts[1], ShmBuffer)
+            a = pickle.loads(parts[0], buffers=parts[1:])
+            assert a.nbytes == nbytes and int(a[::4096].min()) == int(a[::4096].max()) == i % 251
+            if i % 10 == 0:
+                held[i] = a  # keeps its segment busy: later messages must not land in it
+            del a, parts
+            assert q.pool_bytes()[0] <= cap
+            names |= {f for f in os.listdir("/dev/shm") if f.startswith(q.name[1:] + ".")}
+        p.join(30)
+        assert p.exitcode == 0
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join()
+    for i, a in held.items():
+        assert (a == i % 251).all(), f"held array {i} was written over"
+    # 60 messages went through a handful of reused segments, not one segment each.
+    assert 0 < len(names) <= len(held) + 6, names
+    del held
+    name = q.name
+    del q
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith(name[1:])]
+
+
 def test_nonblocking_calls_timeouts_and_stdlib_exceptions():
     import queue
 

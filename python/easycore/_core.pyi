@@ -11,10 +11,15 @@ class Queue:
     """A bounded multi-process message queue in shared memory.
 
     Messages are ``(seq, kind, parts)``: a sequence number (u64), a kind tag (u32) and a list
-    of byte parts. ``get`` returns part 0 as ``bytes`` and later parts as writable buffers
-    (``bytearray``, or a zero-copy :class:`ShmBuffer` for messages larger than
-    ``max_inline``). Blocking calls release the GIL and check for signals every 100 ms.
-    Pickling a Queue attaches to the same queue in the receiving process.
+    of byte parts. ``get`` returns part 0 as ``bytes`` and later parts as writable buffers:
+    a ``bytearray`` (copied out of the ring), or a zero-copy :class:`ShmBuffer` for messages
+    that travelled in a side segment. Messages with a body of at least ``pool_min`` bytes
+    (default 256 KiB) lease a segment from the queue's pool (at most ``pool_bytes`` bytes,
+    default twice ``side_budget``) when one is free, and go inline otherwise; messages larger
+    than ``max_inline`` that find no free pooled segment get a one-shot segment. A pooled
+    segment returns to the pool when every view of its message is gone. Blocking calls
+    release the GIL and check for signals every 100 ms. Pickling a Queue attaches to the same
+    queue in the receiving process.
     """
 
     def __init__(
@@ -24,6 +29,8 @@ class Queue:
         max_inline: int | None = None,
         side_budget: int | None = None,
         spin_us: int = 20,
+        pool_bytes: int | None = None,
+        pool_min: int | None = None,
     ) -> None: ...
     @staticmethod
     def attach(name: str, spin_us: int = 20) -> Queue: ...
@@ -39,6 +46,7 @@ class Queue:
     def closed(self) -> bool: ...
     @property
     def wait_seconds(self) -> float: ...
+    def pool_bytes(self) -> tuple[int, int]: ...
     def totals(self) -> tuple[int, int]: ...
     def qsize(self) -> int: ...
     def __len__(self) -> int: ...

@@ -3,7 +3,7 @@
 //! zero-copy window onto a shared-memory segment that keeps the mapping alive while any view
 //! of it lives.
 
-use crate::shm::Segment;
+use crate::slots::SideBuf;
 use pyo3::exceptions::PyBufferError;
 use pyo3::ffi;
 use pyo3::prelude::*;
@@ -85,17 +85,18 @@ impl Drop for BorrowedParts {
 }
 
 /// A writable, zero-copy view of part of a shared-memory segment (a large message's
-/// out-of-band buffer). The segment is unmapped when the last `ShmBuffer` and every
-/// memoryview or array made from it are gone.
+/// out-of-band buffer). When the last `ShmBuffer` of a message and every memoryview or array
+/// made from it are gone, a pooled segment goes back to its queue's pool for reuse and a
+/// one-shot segment is unmapped.
 #[pyclass(module = "easycore._core", frozen)]
 pub struct ShmBuffer {
-    seg: Arc<Segment>,
+    seg: Arc<SideBuf>,
     offset: usize,
     len: usize,
 }
 
 impl ShmBuffer {
-    pub(crate) fn new(seg: Arc<Segment>, offset: usize, len: usize) -> Self {
+    pub(crate) fn new(seg: Arc<SideBuf>, offset: usize, len: usize) -> Self {
         assert!(offset + len <= seg.len());
         ShmBuffer { seg, offset, len }
     }

@@ -222,7 +222,9 @@ impl PyQueue {
     /// Creates a queue in a new shared-memory segment owned by this process.
     #[new]
     #[pyo3(signature = (capacity_bytes = 64 << 20, max_messages = 65536, max_inline = None,
-                        side_budget = None, spin_us = 20))]
+                        side_budget = None, spin_us = 20, pool_bytes = None,
+                        pool_min = None))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         capacity_bytes: u64,
@@ -230,12 +232,16 @@ impl PyQueue {
         max_inline: Option<u64>,
         side_budget: Option<u64>,
         spin_us: u64,
+        pool_bytes: Option<u64>,
+        pool_min: Option<u64>,
     ) -> PyResult<Self> {
         let cfg = QueueConfig {
             ring_bytes: capacity_bytes,
             max_messages,
             max_inline,
             side_budget,
+            pool_bytes,
+            pool_min,
         };
         let mut q = py.detach(|| Queue::create(&cfg)).py_err()?;
         q.set_spin(Duration::from_micros(spin_us));
@@ -308,6 +314,11 @@ impl PyQueue {
     #[getter]
     fn wait_seconds(&self) -> f64 {
         self.wait_ns.load(Ordering::Relaxed) as f64 * 1e-9
+    }
+
+    /// `(bytes, cap)`: bytes of pooled side segments kept for reuse now, and the most kept.
+    fn pool_bytes(&self) -> (u64, u64) {
+        self.q.pool_bytes()
     }
 
     /// `(messages, payload_bytes)` put since creation, by everyone.

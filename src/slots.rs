@@ -1,0 +1,452 @@
+//! Pooled side segments ("slots") that carry a queue's large messages.
+//!
+//! A message too large for the ring travels in a shared-memory segment of its own and the ring
+//! holds only a reference to it. Making a fresh segment per message (create, zero-fill, fault
+//! in, free) costs several times more than copying the message, so segments are kept in a
+//! small pool and reused: the writer copies into pages that are already mapped on both sides,
+//! and the reader hands out zero-copy views. A view keeps its slot busy; when the last view of
+//! a message is gone, the slot is free for the next large message.
+//!
+//! # Life cycle of a slot (every transition under the queue's lock, except the commit)
+//! ```text
+//! EMPTY        -> BUSY(writer)   take(): a new segment of slot_size(len) bytes, named (idx, gen)
+//! FREE         -> BUSY(writer)   take(): the smallest free segment that holds the message
+//! BUSY(writer) -> BUSY(0)        commit: the record in the ring holds it (a plain store)
+//! BUSY(0)      -> BUSY(reader)   claim: the reader's views of the message hold it
+//! BUSY(reader) -> FREE           the reader's last view is gone (Lease::drop)
+//! BUSY(dead)   -> EMPTY          recover_dead(): its holder died; the segment is unlinked
+//! FREE         -> EMPTY          evicted by take() to make room under the cap; unlinked
+//! ```
+//! The segments of existing slots stay named (`<queue name>.<idx>.<gen>`, which carries the
+//! queue owner's pid) so that any process of the queue can map them; the queue's owner unlinks
+//! them when it drops the queue, and [`crate::shm::sweep_stale`] removes them if the owner was
+//! killed. At most `pool_cap` bytes of segments exist at once; a message that cannot get a
+//! slot within that cap travels in a one-shot segment instead, as before.
+//!
+//! # Shared-memory layout
+//! [`SlotTable`] is `#[repr(C)]` and lives inside the queue's header page: four u64 words
+//! (`pool_bytes`, `pool_cap`, `last_gen`, reserved), then [`SLOTS`] 32-byte [`Slot`]s
+//! (`state: u32, holder: u32, size: u64, gen: u64, reserved: u64`).
+
+use crate::error::{CoreError, Result};
+use crate::pidlock::PidLock;
+use crate::shm::{unlink_name, Segment};
+use crate::wait::{current_pid, pid_alive};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
+use std::time::{Duration, Instant};
+
+/// Slots per queue.
+pub const SLOTS: usize = 64;
+
+const EMPTY: u32 = 0;
+const FREE: u32 = 1;
+const BUSY: u32 = 2;
+
+/// One pooled segment's state word and identity.
+#[repr(C)]
+pub struct Slot {
+    state: AtomicU32,
+    /// BUSY: the pid holding it (the writer while writing, the reader while its views live),
+    /// or 0 while a committed record in the ring holds it.
+    holder: AtomicU32,
+    /// Bytes of the segment (0 when EMPTY).
+    size: AtomicU64,
+    /// Generation, part of the segment's name; new for every segment the slot gets.
+    gen: AtomicU64,
+    _reserved: u64,
+}
+
+/// The pool's control block (in the queue header).
+#[repr(C)]
+pub struct SlotTable {
+    /// Bytes of every slot segment that exists.
+    pool_bytes: AtomicU64,
+    /// `pool_bytes` never exceeds this.
+    pool_cap: AtomicU64,
+    /// The last generation handed out.
+    last_gen: AtomicU64,
+    _reserved: u64,
+    slots: [Slot; SLOTS],
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 32);
+
+/// A slot taken by a writer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    pub idx: usize,
+    pub gen: u64,
+    pub size: u64,
+    /// The writer must create the segment (the slot was empty or evicted).
+    pub fresh: bool,
+}
+
+/// Size of a new segment for a body of `len` bytes: rounded up to 1/16 of itself (and to
+/// pages), so that messages of nearly the same size reuse each other's segments.
+pub fn slot_size(len: u64) -> u64 {
+    let page = 4096;
+    let step = (len / 16).max(page).div_ceil(page) * page;
+    len.max(1).div_ceil(step) * step
+}
+
+/// The name of slot `idx`'s segment of generation `gen` in the queue named `queue`.
+pub fn slot_name(queue: &str, idx: usize, gen: u64) -> String {
+    format!("{queue}.{idx:x}.{gen:x}")
+}
+
+impl SlotTable {
+    /// Sets the cap at queue creation (the table starts zeroed: every slot EMPTY).
+    pub fn init(&self, pool_cap: u64) {
+        self.pool_cap.store(pool_cap, Ordering::Relaxed);
+    }
+
+    /// Bytes of pooled segments that exist, and the cap.
+    pub fn bytes(&self) -> (u64, u64) {
+        (
+            self.pool_bytes.load(Ordering::Relaxed),
+            self.pool_cap.load(Ordering::Relaxed),
+        )
+    }
+
+    fn slot(&self, idx: usize) -> &Slot {
+        &self.slots[idx]
+    }
+
+    /// Under the lock: a slot for a body of `len` bytes, held by this process, or `None` when
+    /// the pool cannot give one (the caller then uses a one-shot segment). Free slots evicted
+    /// to make room are unlinked here.
+    pub fn take(&self, queue: &str, len: u64) -> Option<Taken> {
+        let me = current_pid();
+        let mut best: Option<usize> = None;
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.state.load(Ordering::Relaxed) == FREE {
+                let size = s.size.load(Ordering::Relaxed);
+                let smaller = match best {
+                    Some(b) => size < self.slot(b).size.load(Ordering::Relaxed),
+                    None => true,
+                };
+                if size >= len && smaller {
+                    best = Some(i);
+                }
+            }
+        }
+        if let Some(i) = best {
+            let s = self.slot(i);
+            s.holder.store(me, Ordering::Relaxed);
+            s.state.store(BUSY, Ordering::Relaxed);
+            return Some(Taken {
+                idx: i,
+                gen: s.gen.load(Ordering::Relaxed),
+                size: s.size.load(Ordering::Relaxed),
+                fresh: false,
+            });
+        }
+        // No free segment is large enough: make a new one if the cap allows, evicting free
+        // (too small) segments as needed.
+        let size = slot_size(len);
+        let cap = self.pool_cap.load(Ordering::Relaxed);
+        let used = self.pool_bytes.load(Ordering::Relaxed);
+        let evictable: u64 = self
+            .slots
+            .iter()
+            .filter(|s| s.state.load(Ordering::Relaxed) == FREE)
+            .map(|s| s.size.load(Ordering::Relaxed))
+            .sum();
+        let empty = self
+            .slots
+            .iter()
+            .position(|s| s.state.load(Ordering::Relaxed) == EMPTY);
+        if size > cap || used - evictable + size > cap || (empty.is_none() && evictable == 0) {
+            return None;
+        }
+        let mut used = used;
+        let mut idx = empty;
+        for (i, s) in self.slots.iter().enumerate() {
+            if used + size <= cap && idx.is_some() {
+                break;
+            }
+            if s.state.load(Ordering::Relaxed) == FREE {
+                used -= self.evict(queue, i);
+                idx.get_or_insert(i);
+            }
+        }
+        let idx = idx?;
+        let s = self.slot(idx);
+        let gen = self.last_gen.fetch_add(1, Ordering::Relaxed) + 1;
+        s.gen.store(gen, Ordering::Relaxed);
+        s.size.store(size, Ordering::Relaxed);
+        s.holder.store(me, Ordering::Relaxed);
+        s.state.store(BUSY, Ordering::Relaxed);
+        self.pool_bytes.store(used + size, Ordering::Relaxed);
+        Some(Taken {
+            idx,
+            gen,
+            size,
+            fresh: true,
+        })
+    }
+
+    /// Under the lock: gives back a slot just taken and not used (no room in the ring).
+    pub fn untake(&self, t: Taken) {
+        let s = self.slot(t.idx);
+        if t.fresh {
+            // Its segment was never made: nothing to unlink.
+            s.state.store(EMPTY, Ordering::Relaxed);
+            s.size.store(0, Ordering::Relaxed);
+            self.pool_bytes.fetch_sub(t.size, Ordering::Relaxed);
+        } else {
+            s.state.store(FREE, Ordering::Relaxed);
+        }
+        s.holder.store(0, Ordering::Relaxed);
+    }
+
+    /// Under the lock: empties slot `idx`, unlinks its segment; returns the bytes it had.
+    fn evict(&self, queue: &str, idx: usize) -> u64 {
+        let s = self.slot(idx);
+        let size = s.size.load(Ordering::Relaxed);
+        let _ = unlink_name(&slot_name(queue, idx, s.gen.load(Ordering::Relaxed)));
+        s.state.store(EMPTY, Ordering::Relaxed);
+        s.size.store(0, Ordering::Relaxed);
+        s.holder.store(0, Ordering::Relaxed);
+        self.pool_bytes.fetch_sub(size, Ordering::Relaxed);
+        size
+    }
+
+    fn is(&self, idx: usize, gen: u64) -> bool {
+        idx < SLOTS
+            && self.slot(idx).gen.load(Ordering::Relaxed) == gen
+            && self.slot(idx).state.load(Ordering::Relaxed) == BUSY
+    }
+
+    /// Commit: the record in the ring now holds the slot (no lock needed: only the writer,
+    /// alive, touches a slot it holds).
+    pub fn hand_to_ring(&self, idx: usize) {
+        self.slot(idx).holder.store(0, Ordering::Release);
+    }
+
+    /// Under the lock: the reader `pid` holds the slot from its claim on.
+    pub fn hand_to(&self, idx: usize, gen: u64, pid: u32) {
+        if self.is(idx, gen) {
+            self.slot(idx).holder.store(pid, Ordering::Relaxed);
+        }
+    }
+
+    /// Under the lock: the holder `pid` is done with the slot; its segment is kept for reuse.
+    pub fn give_back(&self, idx: usize, gen: u64, pid: u32) {
+        if self.is(idx, gen) && self.slot(idx).holder.load(Ordering::Relaxed) == pid {
+            self.slot(idx).holder.store(0, Ordering::Relaxed);
+            self.slot(idx).state.store(FREE, Ordering::Relaxed);
+        }
+    }
+
+    /// Under the lock: drops a busy slot and its segment (a failed write, a dead holder).
+    pub fn discard(&self, queue: &str, idx: usize, gen: u64) {
+        if self.is(idx, gen) {
+            self.evict(queue, idx);
+        }
+    }
+
+    /// Under the lock: discards slots whose holder died. Returns how many.
+    pub fn recover_dead(&self, queue: &str) -> usize {
+        let mut n = 0;
+        for (i, s) in self.slots.iter().enumerate() {
+            let holder = s.holder.load(Ordering::Relaxed);
+            if s.state.load(Ordering::Relaxed) == BUSY && holder != 0 && !pid_alive(holder) {
+                self.evict(queue, i);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Marks slot `idx` as held by `pid` (tests: simulate a holder that died).
+    #[cfg(test)]
+    pub fn set_holder(&self, idx: usize, pid: u32) {
+        self.slot(idx).holder.store(pid, Ordering::Relaxed);
+    }
+
+    /// Unlinks the segment of every slot that has one (the owner, dropping the queue).
+    pub fn unlink_all(&self, queue: &str) {
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.state.load(Ordering::Relaxed) != EMPTY {
+                let _ = unlink_name(&slot_name(queue, i, s.gen.load(Ordering::Relaxed)));
+            }
+        }
+    }
+}
+
+/// Where to find the lock and the table inside a queue segment, for a [`Lease`] that may
+/// outlive the queue handle.
+#[derive(Clone, Copy, Debug)]
+pub struct TableAt {
+    pub lock: usize,
+    pub table: usize,
+}
+
+/// A reader's hold on a busy slot: dropping it frees the slot for reuse.
+#[derive(Debug)]
+pub struct Lease {
+    qseg: Arc<Segment>,
+    at: TableAt,
+    idx: usize,
+    gen: u64,
+    pid: u32,
+}
+
+impl Lease {
+    pub fn new(qseg: Arc<Segment>, at: TableAt, idx: usize, gen: u64) -> Self {
+        Lease {
+            qseg,
+            at,
+            idx,
+            gen,
+            pid: current_pid(),
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        // A forked child may drop copies of its parent's views: the slot stays the parent's.
+        if current_pid() != self.pid {
+            return;
+        }
+        // SAFETY: `at` holds the offsets of the queue header's PidLock and SlotTable inside
+        // `qseg` (fixed by the layout, checked at attach); the mapping lives as long as `qseg`.
+        let (lock, table) = unsafe {
+            let base = self.qseg.as_ptr();
+            (
+                &*(base.add(self.at.lock) as *const PidLock),
+                &*(base.add(self.at.table) as *const SlotTable),
+            )
+        };
+        let _g = lock.lock();
+        table.give_back(self.idx, self.gen, self.pid);
+    }
+}
+
+/// The memory of a large message: a slot's segment (with the lease that frees the slot) or a
+/// one-shot segment. Zero-copy views hold it through an `Arc`.
+#[derive(Debug)]
+pub struct SideBuf {
+    seg: Arc<Segment>,
+    lease: Option<Lease>,
+}
+
+impl SideBuf {
+    pub fn new(seg: Arc<Segment>, lease: Option<Lease>) -> Self {
+        SideBuf { seg, lease }
+    }
+
+    /// Whether this is a pooled slot (freed for reuse when dropped) rather than a one-shot
+    /// segment.
+    pub fn pooled(&self) -> bool {
+        self.lease.is_some()
+    }
+
+    /// Base address of the message body.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.seg.as_ptr()
+    }
+
+    /// Bytes mapped (at least the body).
+    pub fn len(&self) -> usize {
+        self.seg.len()
+    }
+
+    /// Never true: a segment has at least one byte.
+    pub fn is_empty(&self) -> bool {
+        self.seg.is_empty()
+    }
+
+    /// The segment's name.
+    pub fn name(&self) -> &str {
+        self.seg.name()
+    }
+}
+
+/// A mapping of one generation of a slot.
+type Mapped = Option<(u64, Arc<Segment>)>;
+
+/// This process's mappings of slot segments, so a slot is mapped once, not per message.
+pub struct SlotMaps {
+    maps: Mutex<Vec<Mapped>>,
+}
+
+impl Default for SlotMaps {
+    fn default() -> Self {
+        SlotMaps {
+            maps: Mutex::new(vec![None; SLOTS]),
+        }
+    }
+}
+
+impl SlotMaps {
+    /// The mapping of slot `t`: cached, else created (fresh slots) or attached by name.
+    pub fn get(&self, queue: &str, t: Taken) -> Result<Arc<Segment>> {
+        let map = || -> Result<Arc<Segment>> {
+            let name = slot_name(queue, t.idx, t.gen);
+            let seg = if t.fresh {
+                let seg = Segment::create_named(&name, t.size as usize)?;
+                // The queue's owner unlinks slot segments, not whoever made them.
+                seg.forget_name();
+                seg
+            } else {
+                Segment::attach(&name)?
+            };
+            if (seg.len() as u64) < t.size {
+                return Err(CoreError::BadSegment(format!(
+                    "{name} is smaller than its slot"
+                )));
+            }
+            Ok(Arc::new(seg))
+        };
+        // A fork taken while another thread held this mutex leaves it locked forever in the
+        // child: after a while without it, map without the cache rather than hang.
+        let start = Instant::now();
+        let mut guard = loop {
+            match self.maps.try_lock() {
+                Ok(g) => break g,
+                Err(TryLockError::Poisoned(p)) => break p.into_inner(),
+                Err(TryLockError::WouldBlock) if start.elapsed() < Duration::from_millis(500) => {
+                    std::thread::yield_now()
+                }
+                Err(TryLockError::WouldBlock) => return map(),
+            }
+        };
+        if let Some((gen, seg)) = &guard[t.idx] {
+            if *gen == t.gen && !t.fresh {
+                return Ok(seg.clone());
+            }
+        }
+        let seg = map()?;
+        guard[t.idx] = Some((t.gen, seg.clone()));
+        Ok(seg)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slot_sizes_round_up_a_little() {
+        assert_eq!(slot_size(1), 4096);
+        assert_eq!(slot_size(4096), 4096);
+        assert_eq!(slot_size(100_000), 13 * 8192);
+        let sixteen = 16 << 20;
+        let s = slot_size(sixteen + 200);
+        assert!(
+            s >= sixteen + 200 && s <= sixteen + sixteen / 16 + 4096,
+            "{s}"
+        );
+        for len in [5000u64, 1 << 20, (1 << 20) + 1, 123_456_789] {
+            let s = slot_size(len);
+            assert!(
+                s >= len && s % 4096 == 0 && s - len <= len / 16 + 4096,
+                "{len} -> {s}"
+            );
+        }
+    }
+}
