@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections import Counter
 
 import pytest
@@ -102,6 +103,52 @@ def test_input_is_read_lazily_and_in_flight_stays_within_window():
     with Watch(devices=2, window=32, start_method="fork") as r:
         assert r(gen()) == list(range(5000))
     assert max(lag) <= 32 + 1
+
+
+def test_large_results_bound_items_in_flight_by_bytes():
+    import numpy as np
+
+    nbytes = 4 << 20
+    read: list[int] = []
+    delivered: list[int] = []
+    lag: list[int] = []
+
+    class Big(OrderedRunner):
+        @staticmethod
+        def producer_work(device, cfg, data):
+            if data % 13 == 0:
+                time.sleep(0.01)  # uneven producers: results wait in the reorder buffer
+            return np.full(nbytes, data % 251, dtype=np.uint8)
+
+        @staticmethod
+        def consumer_init(cfg):
+            cfg.ok = 0
+
+        @staticmethod
+        def consumer_work(cfg, data):
+            delivered.append(1)
+            index = len(delivered) - 1  # ordered: the i-th result delivered is item i
+            cfg.ok += int(data.nbytes == nbytes and data[-1] == index % 251)
+
+        @staticmethod
+        def consumer_end(cfg):
+            return cfg.ok
+
+    def gen(n):
+        for i in range(n):
+            read.append(i)
+            lag.append(len(read) - len(delivered))
+            yield i
+
+    # A small result ring (8 MiB): at most about 16 MiB of results in flight, i.e. 4 items,
+    # far fewer than the window of 128 items.
+    with Big(devices=2, queue_scale=0.25, start_method="fork") as r:
+        assert r._window >= 128
+        assert r(gen(20)) == 20  # learns the result size
+        read.clear(), delivered.clear(), lag.clear()
+        assert r(gen(300)) == 300
+    ring = 8 << 20
+    assert max(lag) <= 2 * ring // nbytes + 2, max(lag)
 
 
 def test_memory_stays_flat_when_one_producer_stalls():

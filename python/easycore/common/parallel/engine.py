@@ -276,6 +276,7 @@ class BaseRunner(RunnerHooks):
         self._finalizer: weakref.finalize | None = None
         self._calls = itertools.count(1)
         self._cost_per_item = 0.0  # producer seconds per item, learned across calls
+        self._out_bytes_per_item = 0.0  # pickled result bytes per item, likewise
         self._lock = threading.Lock()
         self.stats = RunnerStats()
         self.activate()
@@ -315,10 +316,11 @@ class BaseRunner(RunnerHooks):
         want_out = int(min(1 << 30, max(8 << 20, (16 << 20) * scale)))
         space = shm_space()
         if space is not None:
-            # Leave most of /dev/shm to side segments and to other programs.
+            # Rings and their pools (twice a ring) take at most 3/4 of what is free; the rest
+            # is left to one-shot segments and to other programs.
             free = space[0]
-            want_in = max(1 << 20, min(want_in, free // 8))
-            want_out = max(1 << 20, min(want_out, free // 4))
+            want_in = max(1 << 20, min(want_in, free // 16))
+            want_out = max(1 << 20, min(want_out, free // 6))
         return want_in, want_out
 
     def activate(self) -> None:
@@ -329,6 +331,8 @@ class BaseRunner(RunnerHooks):
             sweep_stale_segments()
             in_bytes, out_bytes = self._queue_sizes()
             max_msgs = max(64, self._window + 4 * len(self._devices))
+            # Large items and results travel zero-copy in pooled segments (at most twice the
+            # ring's bytes by default): /dev/shm use stays within 3 * (in_bytes + out_bytes).
             in_q = Queue(capacity_bytes=in_bytes, max_messages=max_msgs)
             out_q = Queue(capacity_bytes=out_bytes, max_messages=max_msgs)
             ctx = self._start_context(self._start_method)
@@ -512,7 +516,11 @@ class _Call:
         self.exhausted = False
         self.dispatched = 0  # items sent (written by the dispatching thread only)
         self.delivered = 0  # items handed out (written by the receiving thread only)
-        self.bytes_per_item = 0.0
+        self.bytes_per_item = 0.0  # pickled input per item (last batch)
+        self.out_bytes_per_item = runner._out_bytes_per_item  # pickled result per item
+        # Results in flight (queued, being consumed, or waiting in the reorder buffer) stay
+        # within about twice the result queue's ring, however large each result is.
+        self.max_inflight_bytes = 2 * self.workers.out_q.ring_size
         self.busy_seen: dict[int, float] = {}
         self.wait_seen: dict[int, float] = {}
         self.error: BaseException | None = None
@@ -541,12 +549,20 @@ class _Call:
         if cost <= 0:
             return 1
         bs = int(_TARGET_BATCH_S / cost)
-        if self.bytes_per_item > 0:
-            bs = min(bs, int(_MAX_BATCH_BYTES / self.bytes_per_item))
+        largest = max(self.bytes_per_item, self.out_bytes_per_item)
+        if largest > 0:
+            bs = min(bs, int(_MAX_BATCH_BYTES / largest))
         return max(1, min(bs, self.max_batch))
 
+    def _window_now(self) -> int:
+        """Items allowed in flight: ``window``, fewer when results are large."""
+        if self.out_bytes_per_item <= 0:
+            return self.window
+        by_bytes = int(self.max_inflight_bytes / self.out_bytes_per_item)
+        return max(1, min(self.window, by_bytes))
+
     def _make_batch(self) -> tuple[int, int, list] | None:
-        room = self.window - (self.dispatched - self.delivered)
+        room = self._window_now() - (self.dispatched - self.delivered)
         size = max(1, min(self._batch_size(), room))
         items = list(itertools.islice(self.it, size))
         if not items:
@@ -581,7 +597,7 @@ class _Call:
                     return
             seq, count, parts = self.pending
             in_flight = self.dispatched - self.delivered
-            if in_flight > 0 and in_flight + count > self.window:
+            if in_flight > 0 and in_flight + count > self._window_now():
                 if not block:
                     return
                 self._wait_for_room()
@@ -602,7 +618,8 @@ class _Call:
         with self.cond:
             self.dispatcher_waiting = True
             in_flight = self.dispatched - self.delivered
-            if in_flight > 0 and not self.abort and in_flight + self.pending[1] > self.window:
+            window = self._window_now()
+            if in_flight > 0 and not self.abort and in_flight + self.pending[1] > window:
                 self.cond.wait(_TICK)
             self.dispatcher_waiting = False
         self.stats.dispatch_wait_s += time.perf_counter() - t
@@ -638,9 +655,17 @@ class _Call:
                 raise _worker_error(self.codec.loads(parts))
             if t != wire.RESULT:
                 continue
-            self.stats.bytes_out += wire.nbytes(parts)
+            nb = wire.nbytes(parts)
+            self.stats.bytes_out += nb
             first, results, wi, busy, wait = self.codec.loads(parts)
             del parts
+            per_item = nb / max(1, len(results))
+            self.out_bytes_per_item = (
+                per_item
+                if self.out_bytes_per_item <= 0
+                else 0.7 * self.out_bytes_per_item + 0.3 * per_item
+            )
+            self.runner._out_bytes_per_item = self.out_bytes_per_item
             self._learn(wi, busy, wait, len(results))
             if self.reorder is None:
                 out.append((first, results))
