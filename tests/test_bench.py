@@ -430,11 +430,37 @@ def test_user_rows_compared_with_reference() -> None:
     assert rows[1].status == "differs"
 
 
-def test_plot_is_optional(tmp_path: Path) -> None:
-    rows = [_row("easycore", "ok", [1.0]), _row("reference", "ok", [2.0])]
-    info = {"w": {"title": "t", "unit": "items/s", "higher_is_better": True}}
+def _plot_rows() -> tuple[list[Row], dict[str, dict[str, Any]]]:
+    rows = [
+        _row("easycore", "ok", [100.0, 120.0, 110.0]),
+        _row("reference", "ok", [10.0, 11.0]),
+        _row("bad", "wrong", [1000.0]),
+        _row("gone", "unavailable", []),
+        Row("t", "easycore", "easycore", "s", False, "ok", samples=[0.5, 0.6]),
+        Row("t", "reference", "reference", "s", False, "ok", samples=[2.0]),
+    ]
+    report.add_speedups(rows)
+    info = {
+        "w": {"title": "throughput", "unit": "items/s", "higher_is_better": True},
+        "t": {"title": "start-up", "unit": "s", "higher_is_better": False},
+    }
+    return rows, info
+
+
+def test_plot_written(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    rows, info = _plot_rows()
+    path = tmp_path / "p.png"
+    assert report.write_plot(str(path), rows, info) is None
+    data = path.read_bytes()
+    assert data.startswith(b"\x89PNG")
+    assert len(data) > 10_000
+    assert report.write_plot(str(path), rows[3:4], info) == "nothing to plot"
+
+
+def test_plot_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    rows, info = _plot_rows()
     why = report.write_plot(str(tmp_path / "p.png"), rows, info)
-    if why is None:
-        assert (tmp_path / "p.png").stat().st_size > 0
-    else:
-        assert "matplotlib" in why
+    assert why is not None and "matplotlib" in why
+    assert not (tmp_path / "p.png").exists()

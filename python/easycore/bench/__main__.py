@@ -304,7 +304,7 @@ def _warmup_items(n: int, workers: int) -> int:
     """Items of the untimed first call on a fresh system (0: none)."""
     if n < 0:
         return 4 * workers
-    return min(n, max(4 * workers, n // 20))
+    return min(n, max(4 * workers, n // 20, 16))
 
 
 def workload_info(workloads: list[Workload], rows: list[Row]) -> dict[str, dict[str, Any]]:

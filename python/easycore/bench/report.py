@@ -249,50 +249,81 @@ def write_json(path: str, report: dict[str, Any]) -> None:
 
 
 def write_plot(path: str, rows: list[Row], workloads: dict[str, dict[str, Any]]) -> str | None:
-    """A PNG bar chart (one panel per workload, median with min-max whiskers).
+    """A PNG bar chart: one panel per workload, one bar per system.
+
+    Each bar is the median with min-max whiskers, labelled with its value and, for the other
+    systems, the ``easycore x`` ratio (how many times better easycore's median is). Green:
+    easycore, blue: the others, gray: the memcpy reference, red: a failed result.
 
     Returns:
-        None on success, else why no chart was written (matplotlib missing).
+        None on success, else why no chart was written (matplotlib missing, nothing to plot).
     """
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        from matplotlib.ticker import FuncFormatter
     except ImportError:
         return "matplotlib is not installed (pip install matplotlib); no chart written"
     names = [n for n in workloads if any(r.workload == n and r.samples for r in rows)]
     if not names:
         return "nothing to plot"
-    n_bars = sum(1 for r in rows if r.samples)
-    height = 1.0 + 0.7 * len(names) + 0.3 * n_bars
-    fig, axes = plt.subplots(len(names), 1, figsize=(10, height), squeeze=False)
+    n_bars = sum(1 for r in rows if r.samples and r.workload in names)
+    height = 0.8 + 1.1 * len(names) + 0.35 * n_bars
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, height), squeeze=False)
     for ax, name in zip(axes[:, 0], names, strict=True):
+        wl = workloads[name]
+        unit = wl["unit"]
         group = [r for r in rows if r.workload == name and r.samples]
-        ys = range(len(group))
+        ys = list(range(len(group)))
         med = [r.median or 0.0 for r in group]
-        lo = [m - (r.min or m) for m, r in zip(med, group, strict=True)]
-        hi = [(r.max or m) - m for m, r in zip(med, group, strict=True)]
-        colors = [
-            "tab:red"
-            if r.status in FAILED
-            else "tab:green"
-            if r.system == "easycore"
-            else "tab:gray"
-            if r.status == "reference"
-            else "tab:blue"
-            for r in group
-        ]
-        ax.barh(list(ys), med, xerr=[lo, hi], color=colors)
-        ax.set_yticks(list(ys))
+        lo = [m - (r.min if r.min is not None else m) for m, r in zip(med, group, strict=True)]
+        hi = [(r.max if r.max is not None else m) - m for m, r in zip(med, group, strict=True)]
+        ax.barh(ys, med, xerr=[lo, hi], color=[_bar_color(r) for r in group], capsize=3)
+        ax.set_yticks(ys)
         ax.set_yticklabels(
-            [r.label + (" (WRONG)" if r.status == "wrong" else "") for r in group], fontsize=7
+            [r.label + (f" ({r.status.upper()})" if r.status in FAILED else "") for r in group],
+            fontsize=8,
         )
         ax.invert_yaxis()
-        wl = workloads[name]
+        for y, m, h, r in zip(ys, med, hi, group, strict=True):
+            text = f"{fmt_value(m, unit)} {unit}"
+            if r.easycore_speedup is not None and r.system != "easycore":
+                text += f"  (easycore {r.easycore_speedup:.2f}x)"
+            ax.annotate(
+                text,
+                (m + h, y),
+                xytext=(4, 0),
+                textcoords="offset points",
+                va="center",
+                fontsize=8,
+            )
+        right = max(m + h for m, h in zip(med, hi, strict=True)) or 1.0
+        ax.set_xlim(0, right * 1.45)  # room for the value labels
+        ax.xaxis.set_major_formatter(FuncFormatter(_tick))
         better = "higher is better" if wl["higher_is_better"] else "lower is better"
-        ax.set_title(f"{name}: {wl['unit']} ({better})", fontsize=9)
+        ax.set_xlabel(f"{unit} ({better})", fontsize=9)
+        title = f"[{name}] {wl['title']}"
+        ax.set_title(title if len(title) <= 100 else title[:97] + "...", fontsize=10, loc="left")
+    fig.suptitle(
+        "easycore-bench: median over repeats (whiskers: min-max); "
+        "'easycore Nx' = how many times better easycore's median is",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return None
+
+
+def _bar_color(r: Row) -> str:
+    if r.status in FAILED:
+        return "tab:red"
+    if r.status == "reference":
+        return "tab:gray"
+    return "tab:green" if r.system == "easycore" else "tab:blue"
+
+
+def _tick(v: float, _pos: int) -> str:
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:g}"
