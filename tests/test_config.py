@@ -284,6 +284,29 @@ def test_method_names_are_keys_only_through_items() -> None:
     assert dict(cfg.items()) == {"copy": 1, "items": 2}
 
 
+def test_attribute_fast_paths_keep_the_rules() -> None:
+    # Existing keys take the fast paths; every rule of the slow paths still holds there.
+    cfg = CN({"count": 0, "copy": 1, "sub": {"a": 1}})
+    for _ in range(3):
+        cfg.count += 1
+    assert cfg.count == 3 and cfg["count"] == 3
+    with pytest.raises(ConfigAttributeError):
+        cfg.copy = 2  # an existing key named like a method: still item access only
+    assert callable(cfg.copy) and cfg["copy"] == 1
+    cfg.sub = {"b": 2}  # a dict still becomes a CfgNode with its key path
+    assert isinstance(cfg.sub, CN) and cfg.sub.b == 2
+    with pytest.raises(ConfigKeyError, match="sub.c"):
+        cfg.sub["c"]
+    cfg.set_strict(True)
+    cfg.count = 10  # existing keys may change in strict mode
+    with pytest.raises(ConfigKeyError):
+        cfg.counter = 1
+    cfg.freeze()
+    with pytest.raises(FrozenConfigError):
+        cfg.count = 11
+    assert cfg.count == 10
+
+
 def test_missing_item_is_a_key_error_with_full_path_and_suggestion() -> None:
     cfg = make_cfg()
     with pytest.raises(KeyError) as info:

@@ -30,6 +30,22 @@ _PATH = "__keypath__"
 _RESERVED = frozenset({_FROZEN, _STRICT, _PATH})
 _MISSING = object()
 
+# Attribute access is on the hot path of runner hooks (``cfg.count += 1`` per item), so keys
+# are looked up before the class's attributes, but a key never shadows a class attribute.
+_generic_getattribute = object.__getattribute__
+_dict_contains = dict.__contains__
+_dict_getitem = dict.__getitem__
+_dict_setitem = dict.__setitem__
+_class_names_cache: dict[type, frozenset[str]] = {}
+
+
+def _class_names(cls: type) -> frozenset[str]:
+    """Every attribute name of ``cls`` (and of its metaclass), which keys cannot shadow."""
+    names = _class_names_cache.get(cls)
+    if names is None:
+        names = _class_names_cache[cls] = frozenset(dir(cls)) | frozenset(dir(type(cls)))
+    return names
+
 
 def _did_you_mean(key: Any, candidates: Iterable[Any]) -> str:
     """`` Did you mean 'X'?`` for the closest candidate, or an empty string."""
@@ -215,6 +231,15 @@ class CfgNode(dict):
     def __missing__(self, key: Any) -> Any:
         raise ConfigKeyError(f"no key {self._full(key)!r} in the config.{_did_you_mean(key, self)}")
 
+    def __getattribute__(self, name: str) -> Any:
+        # A key first (no failed class lookup and AttributeError on the way); names of the
+        # class's own attributes keep their meaning.
+        if _dict_contains(self, name):
+            cls = type(self)
+            if name not in (_class_names_cache.get(cls) or _class_names(cls)):
+                return _dict_getitem(self, name)
+        return _generic_getattribute(self, name)
+
     def __getattr__(self, name: str) -> Any:
         if dict.__contains__(self, name):
             return dict.__getitem__(self, name)
@@ -225,6 +250,15 @@ class CfgNode(dict):
         )
 
     def __setattr__(self, name: str, value: Any) -> None:
+        # Fast path: a new plain value for an existing key of an unfrozen node (strict mode
+        # allows it, the key was checked when it was added).
+        if _dict_contains(self, name) and not isinstance(value, dict):
+            cls = type(self)
+            if name not in (
+                _class_names_cache.get(cls) or _class_names(cls)
+            ) and not _generic_getattribute(self, "__dict__").get(_FROZEN, False):
+                _dict_setitem(self, name, value)
+                return
         self._check_mutable(name, "set")
         if name in _RESERVED or hasattr(type(self), name):
             raise ConfigAttributeError(
