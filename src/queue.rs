@@ -162,15 +162,20 @@ fn align_up(n: u64, a: u64) -> u64 {
     n.div_ceil(a) * a
 }
 
-/// Offsets of each part within a body, and the body's total length.
-pub fn body_layout(lens: &[usize]) -> (u64, Vec<u64>) {
+/// The body layout: a table of `nparts` u64 lengths padded to 64 bytes, then each part padded
+/// to 64. Calls `each(offset, len)` for every part and returns the body's total length.
+fn body_layout(lens: impl ExactSizeIterator<Item = u64>, mut each: impl FnMut(u64, u64)) -> u64 {
     let mut off = align_up(lens.len() as u64 * 8, ALIGN);
-    let mut offsets = Vec::with_capacity(lens.len());
-    for &l in lens {
-        offsets.push(off);
-        off = align_up(off + l as u64, ALIGN);
+    for l in lens {
+        each(off, l);
+        off = align_up(off + l, ALIGN);
     }
-    (off, offsets)
+    off
+}
+
+/// Bytes of body for these parts.
+pub fn body_len(parts: &[&[u8]]) -> u64 {
+    body_layout(parts.iter().map(|p| p.len() as u64), |_, _| {})
 }
 
 /// Sizes of a queue, chosen by its creator.
@@ -523,18 +528,16 @@ impl Queue {
 
     /// Writes the parts of a reserved message and commits it (or abandons it on error).
     fn fill_and_commit(&self, res: Reservation, parts: &[&[u8]]) -> Result<u64> {
-        let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
-        let (_, offsets) = body_layout(&lens);
         let rec = self.rec(res.pos);
         let h = self.hdr();
         let outcome = match &res.side {
             None => {
-                write_body(self.body_ptr(res.pos), parts, &offsets);
+                write_body(self.body_ptr(res.pos), parts);
                 Ok(())
             }
             Some(Side::Slot(t)) => match self.maps.get(self.name(), *t) {
                 Ok(seg) => {
-                    write_body(seg.as_ptr(), parts, &offsets);
+                    write_body(seg.as_ptr(), parts);
                     h.slots.hand_to_ring(t.idx);
                     Ok(())
                 }
@@ -546,7 +549,7 @@ impl Queue {
             },
             Some(Side::OneShot(name, len)) => {
                 Segment::create_named(name, *len as usize).map(|seg| {
-                    write_body(seg.as_ptr(), parts, &offsets);
+                    write_body(seg.as_ptr(), parts);
                     // The reader attaches by name; our handle must not unlink it on drop.
                     seg.forget_name();
                 })
@@ -564,7 +567,7 @@ impl Queue {
         if h.readers_waiting.load(Ordering::SeqCst) > 0 {
             wait::wake_all(&h.data_seq.0);
         }
-        outcome.map(|_| lens.iter().sum::<usize>() as u64)
+        outcome.map(|_| parts.iter().map(|p| p.len() as u64).sum())
     }
 
     /// Puts one message; blocks until there is room or `deadline` passes (`None`: forever;
@@ -587,13 +590,6 @@ impl Queue {
         deadline: Option<Instant>,
     ) -> Result<usize> {
         let h = self.hdr();
-        let bodies: Vec<u64> = msgs
-            .iter()
-            .map(|(_, _, parts)| {
-                let lens: Vec<usize> = parts.iter().map(|p| p.len()).collect();
-                body_layout(&lens).0
-            })
-            .collect();
         let mut done = 0;
         let mut batch = Vec::new();
         while done < msgs.len() {
@@ -601,7 +597,8 @@ impl Queue {
             {
                 let _g = self.lock();
                 for (i, (seq, kind, parts)) in msgs.iter().enumerate().skip(done) {
-                    match self.try_reserve(h, *seq, *kind, parts.len() as u32, bodies[i])? {
+                    let body = body_len(parts);
+                    match self.try_reserve(h, *seq, *kind, parts.len() as u32, body)? {
                         Some(r) => batch.push((r, i)),
                         None => break,
                     }
@@ -793,19 +790,11 @@ impl Queue {
                 Some(seg) => seg.as_ptr() as *const u8,
                 None => self.body_ptr(c.pos) as *const u8,
             };
-            let mut lens = Vec::with_capacity(n);
-            for k in 0..n {
-                // SAFETY: the part table (n u64 lengths) starts the body; the writer filled it
-                // before committing, and we hold the claim.
-                let l = unsafe { (base as *const u64).add(k).read_unaligned() };
-                lens.push(l as usize);
-            }
-            let (_, offsets) = body_layout(&lens);
-            c.parts = offsets
-                .into_iter()
-                .zip(lens)
-                .map(|(o, l)| (o, l as u64))
-                .collect();
+            // SAFETY: the part table (n u64 lengths) starts the body; the writer filled it
+            // before committing, and we hold the claim.
+            let lens = (0..n).map(|k| unsafe { (base as *const u64).add(k).read_unaligned() });
+            let parts = &mut c.parts;
+            body_layout(lens, |off, len| parts.push((off, len)));
         }
         match err {
             Some(e) => {
@@ -950,16 +939,19 @@ fn slot_of(rec: &RecordHeader) -> (usize, u64) {
     )
 }
 
-fn write_body(base: *mut u8, parts: &[&[u8]], offsets: &[u64]) {
-    for (k, (p, off)) in parts.iter().zip(offsets).enumerate() {
+fn write_body(base: *mut u8, parts: &[&[u8]]) {
+    let mut k = 0;
+    body_layout(parts.iter().map(|p| p.len() as u64), |off, len| {
+        let p = parts[k];
         // SAFETY: `base` points at a body reserved for exactly this layout: a table of
         // `parts.len()` u64 lengths, then each part at its offset; nobody else touches it
         // until the record is committed.
         unsafe {
-            (base as *mut u64).add(k).write_unaligned(p.len() as u64);
-            std::ptr::copy_nonoverlapping(p.as_ptr(), base.add(*off as usize), p.len());
+            (base as *mut u64).add(k).write_unaligned(len);
+            std::ptr::copy_nonoverlapping(p.as_ptr(), base.add(off as usize), p.len());
         }
-    }
+        k += 1;
+    });
 }
 
 #[cfg(test)]
