@@ -909,6 +909,9 @@ impl Drop for Queue {
         if !self.seg.is_creator() {
             return;
         }
+        // Views of pooled messages may keep the mapping alive (their leases hold it), but not
+        // the name.
+        let _ = self.seg.unlink();
         let h = self.hdr();
         h.slots.unlink_all(self.name());
         let head = h.head.load(Ordering::Relaxed);
@@ -1240,8 +1243,20 @@ mod tests {
             Segment::attach(&name).is_ok(),
             "kept for reuse while the queue lives"
         );
+        // A view that outlives the queue keeps its memory, not the names.
+        q.put(2, 0, &[b"hdr", &a], None).unwrap();
+        let (mut c, _) = claim_big(&q, &a);
+        q.release(&mut c);
+        let view = c[0].side.clone().unwrap();
+        let off = c[0].parts[1].0 as usize;
+        drop(c);
+        let qname = q.name().to_owned();
         drop(q);
         assert!(Segment::attach(&name).is_err());
+        assert!(Segment::attach(&qname).is_err());
+        // SAFETY: the view keeps the mapping alive; the part starts at `off`.
+        let still = unsafe { std::slice::from_raw_parts(view.as_ptr().add(off), a.len()) };
+        assert_eq!(still, &a[..]);
     }
 
     #[test]

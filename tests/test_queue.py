@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -210,7 +211,8 @@ def test_large_messages_reuse_pooled_segments_and_held_views_stay_intact(method)
     assert 0 < len(names) <= len(held) + 6, names
     del held
     name = q.name
-    del q
+    del q, p  # the Process object holds the queue among its arguments
+    gc.collect()
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(name[1:])]
 
 
