@@ -727,7 +727,6 @@ impl Queue {
     }
 
     fn describe(&self, pos: u64, rec: &RecordHeader) -> Claimed {
-        debug_assert!(rec.flags.load(Ordering::Relaxed) & (FLAG_SIDE | FLAG_SLOT) != 3);
         let nparts = rec.nparts.load(Ordering::Relaxed) as usize;
         Claimed {
             pos,

@@ -416,7 +416,7 @@ impl SlotMaps {
             }
         };
         if let Some((gen, seg)) = &guard[t.idx] {
-            if *gen == t.gen && !t.fresh {
+            if *gen == t.gen {
                 return Ok(seg.clone());
             }
         }

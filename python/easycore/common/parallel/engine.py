@@ -471,6 +471,11 @@ class BaseRunner(RunnerHooks):
         return call.iterate()
 
 
+def _ema(prev: float, x: float) -> float:
+    """Running average of a figure the runner learns across calls (0: none learned yet)."""
+    return x if prev <= 0 else 0.7 * prev + 0.3 * x
+
+
 def _worker_error(err: dict) -> EasycoreError:
     """The exception for an error report sent by a producer."""
     where = f"in {err['hook']} on device {err['device']!r}"
@@ -517,7 +522,6 @@ class _Call:
         self.dispatched = 0  # items sent (written by the dispatching thread only)
         self.delivered = 0  # items handed out (written by the receiving thread only)
         self.bytes_per_item = 0.0  # pickled input per item (last batch)
-        self.out_bytes_per_item = runner._out_bytes_per_item  # pickled result per item
         # Results in flight (queued, being consumed, or waiting in the reorder buffer) stay
         # within about twice the result queue's ring, however large each result is.
         self.max_inflight_bytes = 2 * self.workers.out_q.ring_size
@@ -549,16 +553,17 @@ class _Call:
         if cost <= 0:
             return 1
         bs = int(_TARGET_BATCH_S / cost)
-        largest = max(self.bytes_per_item, self.out_bytes_per_item)
+        largest = max(self.bytes_per_item, self.runner._out_bytes_per_item)
         if largest > 0:
             bs = min(bs, int(_MAX_BATCH_BYTES / largest))
         return max(1, min(bs, self.max_batch))
 
     def _window_now(self) -> int:
         """Items allowed in flight: ``window``, fewer when results are large."""
-        if self.out_bytes_per_item <= 0:
+        out_bytes = self.runner._out_bytes_per_item
+        if out_bytes <= 0:
             return self.window
-        by_bytes = int(self.max_inflight_bytes / self.out_bytes_per_item)
+        by_bytes = int(self.max_inflight_bytes / out_bytes)
         return max(1, min(self.window, by_bytes))
 
     def _make_batch(self) -> tuple[int, int, list] | None:
@@ -659,13 +664,8 @@ class _Call:
             self.stats.bytes_out += nb
             first, results, wi, busy, wait = self.codec.loads(parts)
             del parts
-            per_item = nb / max(1, len(results))
-            self.out_bytes_per_item = (
-                per_item
-                if self.out_bytes_per_item <= 0
-                else 0.7 * self.out_bytes_per_item + 0.3 * per_item
-            )
-            self.runner._out_bytes_per_item = self.out_bytes_per_item
+            r = self.runner
+            r._out_bytes_per_item = _ema(r._out_bytes_per_item, nb / max(1, len(results)))
             self._learn(wi, busy, wait, len(results))
             if self.reorder is None:
                 out.append((first, results))
@@ -684,11 +684,8 @@ class _Call:
         delta = busy - prev
         self.stats.producer_busy_s[wi] += delta
         self.stats.producer_wait_s[wi] += wait - prev_wait
-        per_item = delta / max(1, count)
         r = self.runner
-        r._cost_per_item = (
-            per_item if r._cost_per_item <= 0 else 0.7 * r._cost_per_item + 0.3 * per_item
-        )
+        r._cost_per_item = _ema(r._cost_per_item, delta / max(1, count))
 
     def delivered_chunk(self, count: int) -> None:
         self.delivered += count
