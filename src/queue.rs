@@ -466,11 +466,12 @@ impl Queue {
             Some(Side::OneShot(name, _)) => align_up(REC_BYTES + name.len() as u64, ALIGN),
         };
         let mut head = h.head.load(Ordering::Relaxed);
-        let tail = h.tail.load(Ordering::Relaxed);
+        let mut tail = h.tail.load(Ordering::Relaxed);
         let r = self.ring_size;
         if head == tail && head % r != 0 {
             // Empty: restart at the ring's start so that any record up to half the ring fits.
             head = align_up(head, r);
+            tail = head;
             h.tail.store(head, Ordering::Relaxed);
             h.read.store(head, Ordering::Relaxed);
             h.head.store(head, Ordering::Relaxed);
@@ -1428,6 +1429,17 @@ mod tests {
         // The reader would wait behind the dead record; recovery lets it through.
         let (seq, _, _) = get(&q, Some(Instant::now() + Duration::from_secs(5))).unwrap();
         assert_eq!(seq, 2);
+    }
+
+    #[test]
+    fn an_empty_queue_takes_any_record_that_fits_at_once() {
+        let q = small(4096);
+        for size in [8usize, 600, 8, 900, 100, 1000] {
+            // Drained: a record of any size up to the inline limit fits without waiting.
+            q.put(size as u64, 0, &[&vec![1u8; size]], Some(Instant::now()))
+                .unwrap_or_else(|e| panic!("{size} B into an empty queue: {e}"));
+            assert_eq!(get(&q, None).unwrap().2[0].len(), size);
+        }
     }
 
     #[test]
