@@ -80,6 +80,12 @@ impl PidLock {
         }
     }
 
+    /// The holder's pid, 0 when free (tests).
+    #[cfg(test)]
+    pub fn holder(&self) -> u32 {
+        self.word.load(Ordering::SeqCst)
+    }
+
     /// Marks the lock as held by `pid` (tests: simulate a holder that died).
     #[cfg(test)]
     pub fn force_holder(&self, pid: u32) {

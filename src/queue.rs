@@ -11,7 +11,9 @@
 //! parts with no lock held, then *commits* by storing `READY` into the record's state word. A
 //! reader *claims* committed records at `read` in FIFO order under the lock, copies them out with
 //! no lock held, then *releases* them; `tail` advances over released records, which frees ring
-//! space. Messages whose record would exceed `max_inline` bytes go to a *side segment* and the
+//! space. A small message read one per call is instead *taken* ([`Queue::take_small`]): copied
+//! and released under a single hold of the lock, which saves a lock round trip between cores.
+//! Messages whose record would exceed `max_inline` bytes go to a *side segment* and the
 //! ring holds only a reference to it; the reader maps it and hands out zero-copy views, so a
 //! message larger than the ring never stalls the queue. Side segments come from a pool of
 //! reusable *slots* ([`crate::slots`]), or, when the pool has none to give, are made for the
@@ -127,7 +129,7 @@ struct Header {
     /// Bumped by every release and by close; writers sleep on it.
     space_seq: Padded<AtomicU32>,
     writers_waiting: AtomicU32,
-    /// Statistics: messages and payload bytes put.
+    /// Under the lock, statistics: messages and payload bytes put (counted when reserved).
     total_puts: Padded<AtomicU64>,
     total_bytes: AtomicU64,
     /// The pool of side segments for large messages.
@@ -157,6 +159,17 @@ struct RecordHeader {
 
 const _: () = assert!(std::mem::size_of::<RecordHeader>() == REC_BYTES as usize);
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
+
+/// `a += d` for a word changed only under the queue lock: a plain load and store, cheaper
+/// than a locked read-modify-write instruction.
+fn locked_add(a: &AtomicU64, d: u64) {
+    a.store(a.load(Ordering::Relaxed).wrapping_add(d), Ordering::Relaxed);
+}
+
+/// `a -= d` for a word changed only under the queue lock (see [`locked_add`]).
+fn locked_sub(a: &AtomicU64, d: u64) {
+    a.store(a.load(Ordering::Relaxed).wrapping_sub(d), Ordering::Relaxed);
+}
 
 fn align_up(n: u64, a: u64) -> u64 {
     n.div_ceil(a) * a
@@ -237,6 +250,23 @@ pub struct Claimed {
     /// unlinked); zero-copy views keep it alive.
     pub side: Option<Arc<SideBuf>>,
     released: bool,
+}
+
+/// Most messages [`Queue::try_put_many`] reserves under one lock hold.
+pub const PUT_BATCH: usize = 64;
+
+/// Most parts a message may have for [`Queue::take_small`].
+pub const SMALL_PARTS: usize = 4;
+
+/// What [`Queue::take_small`] found.
+#[derive(Debug)]
+pub enum Small<R> {
+    /// The next message, already released; what the callback made of it.
+    Took(R),
+    /// The next message is large or has many parts: [`Queue::claim`] it.
+    NotSmall,
+    /// No message is ready now.
+    Empty,
 }
 
 /// Where a large message's body goes.
@@ -518,17 +548,17 @@ impl Queue {
             }
         }
         if side.is_some() {
-            h.side_bytes.fetch_add(body, Ordering::Relaxed);
+            locked_add(&h.side_bytes, body);
         }
         // Publish the reservation last, so a crash before this line leaves nothing reserved.
         h.head.store(head + need, Ordering::Relaxed);
-        h.n_msgs.fetch_add(1, Ordering::Relaxed);
-        h.pending.fetch_add(1, Ordering::Relaxed);
+        locked_add(&h.n_msgs, 1);
+        locked_add(&h.pending, 1);
         Ok(Some(Reservation { pos: head, side }))
     }
 
     /// Writes the parts of a reserved message and commits it (or abandons it on error).
-    fn fill_and_commit(&self, res: Reservation, parts: &[&[u8]]) -> Result<u64> {
+    fn fill_and_commit(&self, res: Reservation, parts: &[&[u8]]) -> Result<()> {
         let rec = self.rec(res.pos);
         let h = self.hdr();
         let outcome = match &res.side {
@@ -568,7 +598,7 @@ impl Queue {
         if h.readers_waiting.load(Ordering::SeqCst) > 0 {
             wait::wake_all(&h.data_seq.0);
         }
-        outcome.map(|_| parts.iter().map(|p| p.len() as u64).sum())
+        outcome
     }
 
     /// Puts one message; blocks until there is room or `deadline` passes (`None`: forever;
@@ -592,37 +622,11 @@ impl Queue {
     ) -> Result<usize> {
         let h = self.hdr();
         let mut done = 0;
-        let mut batch = Vec::new();
         while done < msgs.len() {
             let seen = h.space_seq.0.load(Ordering::SeqCst);
-            {
-                let _g = self.lock();
-                for (i, (seq, kind, parts)) in msgs.iter().enumerate().skip(done) {
-                    let body = body_len(parts);
-                    match self.try_reserve(h, *seq, *kind, parts.len() as u32, body)? {
-                        Some(r) => batch.push((r, i)),
-                        None => break,
-                    }
-                }
-            }
-            if !batch.is_empty() {
-                let mut bytes = 0;
-                let n = batch.len() as u64;
-                let mut first_err = None;
-                for (r, i) in batch.drain(..) {
-                    match self.fill_and_commit(r, msgs[i].2) {
-                        Ok(b) => bytes += b,
-                        Err(e) => {
-                            first_err.get_or_insert(e);
-                        }
-                    }
-                    done = i + 1;
-                }
-                h.total_puts.0.fetch_add(n, Ordering::Relaxed);
-                h.total_bytes.fetch_add(bytes, Ordering::Relaxed);
-                if let Some(e) = first_err {
-                    return Err(e);
-                }
+            let n = self.try_put_many(&msgs[done..])?;
+            done += n;
+            if n > 0 {
                 continue;
             }
             if !self.wait_for(&h.space_seq.0, &h.writers_waiting, seen, deadline) {
@@ -634,6 +638,71 @@ impl Queue {
             }
         }
         Ok(done)
+    }
+
+    /// Puts the first messages that fit now (up to [`PUT_BATCH`] under one lock hold), never
+    /// waiting; returns how many. An error after some were reserved still commits (or
+    /// abandons) every reserved record.
+    pub fn try_put_many(&self, msgs: &[(u64, u32, &[&[u8]])]) -> Result<usize> {
+        if msgs.len() == 1 {
+            // The one-message call allocates nothing.
+            return self.put_reserved(msgs, &mut [None]);
+        }
+        let mut batch: Vec<Option<Reservation>> = Vec::new();
+        batch.resize_with(msgs.len().min(PUT_BATCH), || None);
+        self.put_reserved(msgs, &mut batch)
+    }
+
+    /// Reserves the first messages that fit, one per entry of `batch`, under one lock hold;
+    /// then fills and commits them. Returns how many.
+    fn put_reserved(
+        &self,
+        msgs: &[(u64, u32, &[&[u8]])],
+        batch: &mut [Option<Reservation>],
+    ) -> Result<usize> {
+        let h = self.hdr();
+        let (mut n, mut bytes) = (0, 0);
+        {
+            let _g = self.lock();
+            for (slot, (seq, kind, parts)) in batch.iter_mut().zip(msgs) {
+                match self.try_reserve(h, *seq, *kind, parts.len() as u32, body_len(parts)) {
+                    Ok(Some(r)) => *slot = Some(r),
+                    Ok(None) => break,
+                    Err(e) if n == 0 => return Err(e),
+                    // Closed mid-batch: commit what is reserved (readers drain it); the next
+                    // call reports the error.
+                    Err(_) => break,
+                }
+                n += 1;
+                bytes += parts.iter().map(|p| p.len() as u64).sum::<u64>();
+            }
+            locked_add(&h.total_puts.0, n as u64);
+            locked_add(&h.total_bytes, bytes);
+        }
+        let mut first_err = None;
+        for (r, m) in batch.iter_mut().zip(msgs).take(n) {
+            let r = r.take().expect("reserved above");
+            if let Err(e) = self.fill_and_commit(r, m.2) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+
+    /// A stamp of the readers' wake-up word: read it *before* looking for a message, then
+    /// pass it to [`Queue::wait_readable`] if none was there.
+    pub fn data_stamp(&self) -> u32 {
+        self.hdr().data_seq.0.load(Ordering::SeqCst)
+    }
+
+    /// Waits until a message is committed (or the queue closed) after `stamp` was taken, or
+    /// until `deadline`; false if the deadline passed. Spins briefly first, then sleeps.
+    pub fn wait_readable(&self, stamp: u32, deadline: Option<Instant>) -> bool {
+        let h = self.hdr();
+        self.wait_for(&h.data_seq.0, &h.readers_waiting, stamp, deadline)
     }
 
     /// Spins, then sleeps on `word` while it holds `seen`, until `deadline`. Returns false if
@@ -691,12 +760,12 @@ impl Queue {
                     match rec.state.load(Ordering::Acquire) {
                         ST_PAD => {}
                         ST_ABANDONED => {
-                            h.pending.fetch_sub(1, Ordering::Relaxed);
+                            locked_sub(&h.pending, 1);
                         }
                         ST_READY => {
                             rec.owner.store(current_pid(), Ordering::Relaxed);
                             rec.state.store(ST_READING, Ordering::Relaxed);
-                            h.pending.fetch_sub(1, Ordering::Relaxed);
+                            locked_sub(&h.pending, 1);
                             out.push(self.describe(read, rec));
                             let flags = rec.flags.load(Ordering::Relaxed);
                             if flags & FLAG_SIDE != 0 {
@@ -725,6 +794,91 @@ impl Queue {
                 return Err(CoreError::Empty);
             }
         }
+    }
+
+    /// Takes the next message if it is small and inline (at most [`SMALL_PARTS`] parts and
+    /// `limit` bytes of body): hands its seq, kind and parts to `f`, then releases its record,
+    /// all under *one* hold of the lock, where [`Queue::claim`] + [`Queue::release`] take it
+    /// twice. This is the fast path for one small message per call. Never blocks.
+    ///
+    /// `f` runs with the queue lock held: it must be short, must not block, and must not
+    /// touch this queue (the lock is not reentrant). A process killed inside `f` leaves the
+    /// record `READING` with its pid, which [`Queue::recover`] turns into `ABANDONED`.
+    pub fn take_small<R>(
+        &self,
+        limit: u64,
+        f: impl FnOnce(u64, u32, &[&[u8]]) -> R,
+    ) -> Result<Small<R>> {
+        let h = self.hdr();
+        let _g = self.lock();
+        let head = h.head.load(Ordering::Relaxed);
+        let mut read = h.read.load(Ordering::Relaxed);
+        let found = loop {
+            if read >= head {
+                break None;
+            }
+            let rec = self.rec(read);
+            match rec.state.load(Ordering::Acquire) {
+                ST_PAD => {}
+                ST_ABANDONED => {
+                    locked_sub(&h.pending, 1);
+                }
+                ST_READY => break Some(rec),
+                _ => break None, // WRITING: FIFO order waits for it
+            }
+            read += rec.size.load(Ordering::Relaxed);
+        };
+        // Records skipped above are passed for good.
+        h.read.store(read, Ordering::Relaxed);
+        let Some(rec) = found else {
+            if h.closed.load(Ordering::SeqCst) != 0 && h.pending.load(Ordering::Relaxed) == 0 {
+                return Err(CoreError::Closed);
+            }
+            return Ok(Small::Empty);
+        };
+        let nparts = rec.nparts.load(Ordering::Relaxed) as usize;
+        let body = rec.body_len.load(Ordering::Relaxed);
+        if rec.flags.load(Ordering::Relaxed) != 0
+            || nparts > SMALL_PARTS
+            || body > limit
+            || align_up(nparts as u64 * 8, ALIGN) > body
+        {
+            return Ok(Small::NotSmall);
+        }
+        let base = self.body_ptr(read) as *const u8;
+        // SAFETY: the part table (nparts u64 lengths) starts the inline body; the writer
+        // filled it before committing, and we hold the record.
+        let lens = (0..nparts).map(|k| unsafe { (base as *const u64).add(k).read_unaligned() });
+        let mut spans = [(0u64, 0u64); SMALL_PARTS];
+        let mut k = 0;
+        let total = body_layout(lens, |off, len| {
+            spans[k] = (off, len);
+            k += 1;
+        });
+        if total > body {
+            return Ok(Small::NotSmall); // not a table the writer made; leave it to claim
+        }
+        // Ordered so that a death at any point leaves a state `recover` or `claim` handles:
+        // READING (with our pid) first, then the positions, then DONE.
+        rec.owner.store(current_pid(), Ordering::Relaxed);
+        rec.state.store(ST_READING, Ordering::Relaxed);
+        let mut parts: [&[u8]; SMALL_PARTS] = [&[]; SMALL_PARTS];
+        for (p, &(off, len)) in parts.iter_mut().zip(&spans[..nparts]) {
+            // SAFETY: the part lies inside the record's body (checked against `body_len`
+            // just above), in the ring, and stays ours (READING) until we mark it DONE below.
+            *p = unsafe { std::slice::from_raw_parts(base.add(off as usize), len as usize) };
+        }
+        let out = f(
+            rec.seq.load(Ordering::Relaxed),
+            rec.kind.load(Ordering::Relaxed),
+            &parts[..nparts],
+        );
+        h.read
+            .store(read + rec.size.load(Ordering::Relaxed), Ordering::Relaxed);
+        locked_sub(&h.pending, 1);
+        rec.state.store(ST_DONE, Ordering::Release);
+        self.advance_tail(h);
+        Ok(Small::Took(out))
     }
 
     fn describe(&self, pos: u64, rec: &RecordHeader) -> Claimed {
@@ -838,10 +992,9 @@ impl Queue {
                 break;
             }
             if st != ST_PAD {
-                h.n_msgs.fetch_sub(1, Ordering::Relaxed);
+                locked_sub(&h.n_msgs, 1);
                 if rec.flags.load(Ordering::Relaxed) & (FLAG_SIDE | FLAG_SLOT) != 0 {
-                    h.side_bytes
-                        .fetch_sub(rec.body_len.load(Ordering::Relaxed), Ordering::Relaxed);
+                    locked_sub(&h.side_bytes, rec.body_len.load(Ordering::Relaxed));
                 }
             }
             tail += rec.size.load(Ordering::Relaxed);
@@ -1431,6 +1584,25 @@ mod tests {
         assert_eq!(seq, 2);
     }
 
+    /// Gets one small message the way Python's `get` does: [`Queue::take_small`], waiting on
+    /// the data stamp when the queue is empty.
+    fn take_one(q: &Queue, deadline: Option<Instant>) -> Result<(u64, u32, Vec<Vec<u8>>)> {
+        let copy =
+            |seq, kind, parts: &[&[u8]]| (seq, kind, parts.iter().map(|p| p.to_vec()).collect());
+        loop {
+            let stamp = q.data_stamp();
+            match q.take_small(1 << 10, copy)? {
+                Small::Took(m) => return Ok(m),
+                Small::NotSmall => panic!("expected a small message"),
+                Small::Empty => {
+                    if !q.wait_readable(stamp, deadline) {
+                        return Err(CoreError::Empty);
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn an_empty_queue_takes_any_record_that_fits_at_once() {
         let q = small(4096);
@@ -1440,6 +1612,80 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{size} B into an empty queue: {e}"));
             assert_eq!(get(&q, None).unwrap().2[0].len(), size);
         }
+    }
+
+    #[test]
+    fn take_small_copies_and_releases_under_one_lock() {
+        let q = small(4096);
+        // Many times round the ring: each take frees its record's space at once.
+        for i in 0..2000u64 {
+            let p = payload(1, i);
+            q.put(i, 3, &[b"head", &p], None).unwrap();
+            let (seq, kind, parts) = take_one(&q, None).unwrap();
+            assert_eq!((seq, kind), (i, 3));
+            assert_eq!(parts, vec![b"head".to_vec(), p]);
+        }
+        assert_eq!(q.len(), 0);
+        assert!(matches!(q.take_small(64, |_, _, _| ()), Ok(Small::Empty)));
+        // Zero parts, and an empty part.
+        q.put(1, 0, &[], None).unwrap();
+        q.put(2, 0, &[b""], None).unwrap();
+        assert_eq!(take_one(&q, None).unwrap().2, Vec::<Vec<u8>>::new());
+        assert_eq!(take_one(&q, None).unwrap().2, vec![Vec::<u8>::new()]);
+        q.close();
+        assert!(matches!(take_one(&q, None), Err(CoreError::Closed)));
+    }
+
+    #[test]
+    fn take_small_leaves_large_and_many_part_messages_to_claim() {
+        let q = small(1 << 16);
+        let big = vec![7u8; 3000];
+        let five: [&[u8]; 5] = [b"a", b"b", b"c", b"d", b"e"];
+        q.put(1, 0, &[&big], None).unwrap();
+        q.put(2, 0, &five, None).unwrap();
+        q.put(3, 0, &[b"x"], None).unwrap();
+        for want in [1, 2] {
+            assert!(matches!(
+                q.take_small(1 << 10, |_, _, _| ()),
+                Ok(Small::NotSmall)
+            ));
+            assert_eq!(get(&q, None).unwrap().0, want);
+        }
+        assert_eq!(take_one(&q, None).unwrap(), (3, 0, vec![b"x".to_vec()]));
+    }
+
+    #[test]
+    fn a_reader_killed_inside_take_small_does_not_block_the_queue() {
+        let q = small(1 << 14);
+        q.put(1, 0, &[b"lost with its reader"], None).unwrap();
+        q.put(2, 0, &[b"next"], None).unwrap();
+        // SAFETY: the child only touches the queue's shared memory and leaves with _exit, so
+        // it runs no destructor or test-harness code inherited from this process.
+        let child = unsafe { libc::fork() };
+        assert!(child >= 0, "fork failed");
+        if child == 0 {
+            // Dies holding the queue lock, its record marked READING.
+            let _ = q.take_small(1 << 10, |_, _, _| unsafe { libc::_exit(0) });
+            unsafe { libc::_exit(1) };
+        }
+        let mut status = 0;
+        // SAFETY: waits for our own child; `status` is a valid out-pointer.
+        assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+        assert_eq!(
+            q.hdr().lock.0.holder(),
+            child as u32,
+            "died holding the lock"
+        );
+        let first = q.rec(q.hdr().read.load(Ordering::Relaxed));
+        assert_eq!(first.state.load(Ordering::Relaxed), ST_READING);
+        // The lock is taken over and the dead reader's record is abandoned: the rest flows.
+        let deadline = Some(Instant::now() + Duration::from_secs(10));
+        let (seq, _, parts) = take_one(&q, deadline).unwrap();
+        assert_eq!((seq, parts), (2, vec![b"next".to_vec()]));
+        q.put(3, 0, &[b"after"], None).unwrap();
+        assert_eq!(take_one(&q, deadline).unwrap().0, 3);
+        assert_eq!(q.len(), 0);
     }
 
     #[test]

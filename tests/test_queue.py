@@ -239,8 +239,32 @@ def test_nonblocking_calls_timeouts_and_stdlib_exceptions():
     ]
     with pytest.raises(InvalidArgument):
         q.get(timeout=-1)
+    with pytest.raises(InvalidArgument):
+        q.put(7, 0, b"a", timeout=float("nan"))
+    assert q.empty()  # the bad call put nothing
     with pytest.raises(BufferError, match="bytes-like"):
         q.put(0, 0, [object()])
+
+
+@pytest.mark.parametrize(
+    "parts",
+    [
+        [b"head"],  # small: copied and released under one lock hold
+        [b"head", b"b" * 100, bytearray(b"c")],
+        [b"head"] + [b"x"] * 5,  # many parts: claimed, then copied
+        [b"head", b"big" * 5000],  # a body over the small limit
+    ],
+)
+def test_get_gives_bytes_then_bytearrays_whatever_the_path(parts):
+    q = Queue(capacity_bytes=1 << 20)
+    for seq in range(3):
+        q.put(seq, 2, parts)
+    for seq in range(3):
+        s, k, got = q.get(timeout=10)
+        assert (s, k) == (seq, 2)
+        assert type(got[0]) is bytes and all(type(p) is bytearray for p in got[1:])
+        assert [bytes(p) for p in got] == [bytes(p) for p in parts]
+    assert q.empty() and q.totals() == (3, 3 * sum(len(p) for p in parts))
 
 
 def test_close_in_another_thread_wakes_a_blocked_get():

@@ -13,18 +13,24 @@ use std::time::{Duration, Instant};
 /// How long a blocking call stays in Rust (GIL released) before it returns to check signals.
 pub(crate) const SIGNAL_TICK: Duration = Duration::from_millis(100);
 
+/// Checks a `timeout` argument without reading the clock (calls served at once never need
+/// their deadline).
+pub(crate) fn check_timeout(timeout: Option<f64>) -> PyResult<()> {
+    match timeout {
+        Some(t) if t.is_nan() || t < 0.0 => Err(errors::invalid(
+            "timeout must be a non-negative number of seconds or None",
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// Turns Python's `(block, timeout)` pair into a deadline: `None` waits forever.
 pub(crate) fn deadline(block: bool, timeout: Option<f64>) -> PyResult<Option<Instant>> {
     if !block {
         return Ok(Some(Instant::now()));
     }
-    match timeout {
-        None => Ok(None),
-        Some(t) if t.is_nan() || t < 0.0 => Err(errors::invalid(
-            "timeout must be a non-negative number of seconds or None",
-        )),
-        Some(t) => Ok(Some(Instant::now() + Duration::from_secs_f64(t.min(1e9)))),
-    }
+    check_timeout(timeout)?;
+    Ok(timeout.map(|t| Instant::now() + Duration::from_secs_f64(t.min(1e9))))
 }
 
 /// The next wait's end: the caller's deadline or one signal tick, whichever is sooner.

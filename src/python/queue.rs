@@ -5,21 +5,26 @@
 //! other parts as writable buffers: a `bytearray` (one copy out of the ring) or, for messages
 //! that travelled in their own side segment, a zero-copy `ShmBuffer`.
 //! Small copies happen with the GIL held (cheaper than releasing it); waits and large copies
-//! happen with the GIL released, in ticks of at most 100 ms between signal checks.
+//! happen with the GIL released, in ticks of at most 100 ms between signal checks. `get` of a
+//! small message (the common case) copies it out and frees its record under one hold of the
+//! queue lock; a `put` of one `bytes` object skips the buffer protocol and allocates nothing.
 
 use super::buffers::{BorrowedParts, ShmBuffer};
 use super::errors::{make, to_py, IntoPy};
-use super::{deadline, expired, tick};
+use super::{check_timeout, deadline, expired, tick};
 use crate::error::CoreError;
-use crate::queue::{Claimed, Queue, QueueConfig};
+use crate::queue::{Claimed, Queue, QueueConfig, Small};
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyTuple};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// Copies up to this many bytes with the GIL held; larger ones release it.
 const GIL_COPY_LIMIT: usize = 64 << 10;
+/// `get` copies messages with at most this many bytes of body under one lock hold
+/// ([`Queue::take_small`]); a memcpy this short costs less than a second lock round trip.
+const TAKE_SMALL_LIMIT: u64 = 8 << 10;
 
 /// A bounded multi-process message queue in shared memory.
 #[pyclass(module = "easycore._core", name = "Queue", frozen)]
@@ -64,6 +69,31 @@ fn new_bytes(py: Python<'_>, src: *const u8, len: usize) -> PyResult<Bound<'_, P
     }
 }
 
+fn new_bytearray(py: Python<'_>, src: *const u8, len: usize) -> PyResult<Bound<'_, PyAny>> {
+    // SAFETY: as in `new_bytes`, copying into a new bytearray.
+    unsafe {
+        let p = ffi::PyByteArray_FromStringAndSize(src.cast(), len as ffi::Py_ssize_t);
+        Bound::from_owned_ptr_or_err(py, p)
+    }
+}
+
+/// A message as Python sees it: `(seq, kind, [parts])`.
+fn message<'py>(
+    py: Python<'py>,
+    seq: u64,
+    kind: u32,
+    parts: Vec<Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyTuple>> {
+    PyTuple::new(
+        py,
+        [
+            seq.into_pyobject(py)?.into_any(),
+            kind.into_pyobject(py)?.into_any(),
+            PyList::new(py, parts)?.into_any(),
+        ],
+    )
+}
+
 impl PyQueue {
     fn record_wait(&self, since: Instant) {
         self.wait_ns
@@ -75,19 +105,19 @@ impl PyQueue {
         py: Python<'_>,
         msgs: &[(u64, u32, &[&[u8]])],
         total: usize,
-        deadline: Option<Instant>,
+        block: bool,
+        timeout: Option<f64>,
     ) -> PyResult<usize> {
+        check_timeout(timeout)?;
         let mut done = 0;
         if total <= GIL_COPY_LIMIT {
-            match self.q.put_many(msgs, Some(Instant::now())) {
-                Ok(n) => done = n,
-                Err(CoreError::Full) => {}
-                Err(e) => return Err(to_py(py, e)),
-            }
+            // Small: copy with the GIL held, and read the clock only if we must wait.
+            done = self.q.try_put_many(msgs).map_err(|e| to_py(py, e))?;
             if done == msgs.len() {
                 return Ok(done);
             }
         }
+        let deadline = deadline(block, timeout)?;
         let start = Instant::now();
         let result = loop {
             let t = tick(deadline);
@@ -148,6 +178,32 @@ impl PyQueue {
         result
     }
 
+    /// The fast path of `get`: copies the next message out and releases it under one lock
+    /// hold, when it is small and inline. Only `bytes`/`bytearray` objects are made under the
+    /// lock: they are not tracked by the garbage collector, so making them runs no Python code
+    /// that could come back to this queue.
+    fn take_small<'py>(&self, py: Python<'py>) -> PyResult<Small<Bound<'py, PyTuple>>> {
+        let taken = self.q.take_small(TAKE_SMALL_LIMIT, |seq, kind, parts| {
+            let mut objs = Vec::with_capacity(parts.len());
+            for (i, p) in parts.iter().enumerate() {
+                objs.push(if i == 0 {
+                    new_bytes(py, p.as_ptr(), p.len())?
+                } else {
+                    new_bytearray(py, p.as_ptr(), p.len())?
+                });
+            }
+            Ok::<_, PyErr>((seq, kind, objs))
+        });
+        Ok(match taken.map_err(|e| to_py(py, e))? {
+            Small::Took(r) => {
+                let (seq, kind, objs) = r?;
+                Small::Took(message(py, seq, kind, objs)?)
+            }
+            Small::NotSmall => Small::NotSmall,
+            Small::Empty => Small::Empty,
+        })
+    }
+
     /// Builds `(seq, kind, [parts])` tuples and releases the claims.
     fn materialize<'py>(
         &self,
@@ -167,16 +223,7 @@ impl PyQueue {
                         Bound::new(py, ShmBuffer::new(seg.clone(), off as usize, len))?.into_any()
                     }
                     (_, 0) => new_bytes(py, src, len)?,
-                    _ if len <= GIL_COPY_LIMIT => {
-                        // SAFETY: as in `new_bytes`, copying into a new bytearray.
-                        unsafe {
-                            let p = ffi::PyByteArray_FromStringAndSize(
-                                src.cast(),
-                                len as ffi::Py_ssize_t,
-                            );
-                            Bound::from_owned_ptr_or_err(py, p)?
-                        }
-                    }
+                    _ if len <= GIL_COPY_LIMIT => new_bytearray(py, src, len)?,
                     _ => {
                         // SAFETY: a NULL source makes CPython allocate `len` uninitialized
                         // bytes; we fill all of them below, before anyone sees the object.
@@ -194,14 +241,7 @@ impl PyQueue {
                 };
                 parts.push(obj);
             }
-            out.push(PyTuple::new(
-                py,
-                [
-                    c.seq.into_pyobject(py)?.into_any(),
-                    c.kind.into_pyobject(py)?.into_any(),
-                    PyList::new(py, parts)?.into_any(),
-                ],
-            )?);
+            out.push(message(py, c.seq, c.kind, parts)?);
         }
         if !copies.0.is_empty() {
             py.detach(move || {
@@ -366,12 +406,19 @@ impl PyQueue {
         block: bool,
         timeout: Option<f64>,
     ) -> PyResult<()> {
-        let d = deadline(block, timeout)?;
+        if let Ok(b) = parts.cast_exact::<PyBytes>() {
+            // The common case, one `bytes` part: no buffer-protocol round trip.
+            let one = [b.as_bytes()];
+            let msgs = [(seq, kind, &one[..])];
+            return self
+                .put_all(py, &msgs, one[0].len(), block, timeout)
+                .map(|_| ());
+        }
         let objs = split_parts(parts)?;
         let views = BorrowedParts::new(&objs)?;
         let slices = views.slices();
         let msgs = [(seq, kind, &slices[..])];
-        let r = self.put_all(py, &msgs, views.total(), d);
+        let r = self.put_all(py, &msgs, views.total(), block, timeout);
         drop(views);
         r.map(|_| ())
     }
@@ -386,7 +433,6 @@ impl PyQueue {
         block: bool,
         timeout: Option<f64>,
     ) -> PyResult<usize> {
-        let d = deadline(block, timeout)?;
         let mut heads = Vec::new();
         let mut objs = Vec::new();
         let mut counts = Vec::new();
@@ -405,7 +451,7 @@ impl PyQueue {
             msgs.push((seq, kind, &slices[at..at + n]));
             at += n;
         }
-        let r = self.put_all(py, &msgs, views.total(), d);
+        let r = self.put_all(py, &msgs, views.total(), block, timeout);
         drop(views);
         r
     }
@@ -418,9 +464,46 @@ impl PyQueue {
         block: bool,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyTuple>> {
-        let d = deadline(block, timeout)?;
-        let claims = self.claim(py, 1, d)?;
-        Ok(self.materialize(py, claims)?.remove(0))
+        check_timeout(timeout)?;
+        let mut d = None;
+        let mut waited: Option<Instant> = None;
+        // The readers' wake-up word is read only after a miss (then the queue is looked at
+        // once more before sleeping), so a get served at once touches one cache line less.
+        let mut stamp = None;
+        let result = loop {
+            match self.take_small(py) {
+                Ok(Small::Took(t)) => break Ok(t),
+                Ok(Small::NotSmall) => {
+                    let d = match d {
+                        Some(d) => d,
+                        None => deadline(block, timeout)?,
+                    };
+                    break self
+                        .claim(py, 1, d)
+                        .and_then(|c| Ok(self.materialize(py, c)?.remove(0)));
+                }
+                Ok(Small::Empty) => {}
+                Err(e) => break Err(e),
+            }
+            let Some(seen) = stamp.take() else {
+                stamp = Some(self.q.data_stamp());
+                continue;
+            };
+            let d = *d.get_or_insert(deadline(block, timeout)?);
+            if expired(d) {
+                break Err(to_py(py, CoreError::Empty));
+            }
+            waited.get_or_insert_with(Instant::now);
+            let t = tick(d);
+            py.detach(|| self.q.wait_readable(seen, Some(t)));
+            if let Err(e) = py.check_signals() {
+                break Err(e);
+            }
+        };
+        if let Some(since) = waited {
+            self.record_wait(since);
+        }
+        result
     }
 
     /// Gets between 1 and `max_messages` messages (blocking only for the first).
