@@ -465,7 +465,8 @@ impl PyQueue {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyTuple>> {
         check_timeout(timeout)?;
-        let mut d = None;
+        // The deadline, computed on first need: a get served at once never reads the clock.
+        let mut d: Option<Option<Instant>> = None;
         let mut waited: Option<Instant> = None;
         // The readers' wake-up word is read only after a miss (then the queue is looked at
         // once more before sleeping), so a get served at once touches one cache line less.
@@ -474,10 +475,10 @@ impl PyQueue {
             match self.take_small(py) {
                 Ok(Small::Took(t)) => break Ok(t),
                 Ok(Small::NotSmall) => {
-                    let d = match d {
-                        Some(d) => d,
-                        None => deadline(block, timeout)?,
-                    };
+                    if d.is_none() {
+                        d = Some(deadline(block, timeout)?);
+                    }
+                    let d = d.flatten();
                     break self
                         .claim(py, 1, d)
                         .and_then(|c| Ok(self.materialize(py, c)?.remove(0)));
@@ -489,7 +490,10 @@ impl PyQueue {
                 stamp = Some(self.q.data_stamp());
                 continue;
             };
-            let d = *d.get_or_insert(deadline(block, timeout)?);
+            if d.is_none() {
+                d = Some(deadline(block, timeout)?);
+            }
+            let d = d.flatten();
             if expired(d) {
                 break Err(to_py(py, CoreError::Empty));
             }
