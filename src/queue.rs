@@ -468,19 +468,16 @@ impl Queue {
         kind: u32,
         nparts: u32,
         body: u64,
-    ) -> Result<Option<Reservation>> {
-        if h.closed.load(Ordering::SeqCst) != 0 {
-            return Err(CoreError::Closed);
-        }
+    ) -> Option<Reservation> {
         if h.n_msgs.load(Ordering::Relaxed) >= h.max_msgs.load(Ordering::Relaxed) {
-            return Ok(None);
+            return None;
         }
         let inline_need = align_up(REC_BYTES + body, ALIGN);
         let large = inline_need > h.max_inline.load(Ordering::Relaxed);
         let used = h.side_bytes.load(Ordering::Relaxed);
         let within_budget = used == 0 || used + body <= h.side_budget.load(Ordering::Relaxed);
         if large && !within_budget {
-            return Ok(None);
+            return None;
         }
         let mut side = None;
         if within_budget && body >= h.pool_min.load(Ordering::Relaxed) {
@@ -512,7 +509,7 @@ impl Queue {
             if let Some(Side::Slot(t)) = side {
                 h.slots.untake(t);
             }
-            return Ok(None);
+            return None;
         }
         if pad > 0 {
             let p = self.rec(head);
@@ -554,7 +551,7 @@ impl Queue {
         h.head.store(head + need, Ordering::Relaxed);
         locked_add(&h.n_msgs, 1);
         locked_add(&h.pending, 1);
-        Ok(Some(Reservation { pos: head, side }))
+        Some(Reservation { pos: head, side })
     }
 
     /// Writes the parts of a reserved message and commits it (or abandons it on error).
@@ -664,14 +661,15 @@ impl Queue {
         let (mut n, mut bytes) = (0, 0);
         {
             let _g = self.lock();
+            // Checked once per batch: a close racing the batch lets it through whole (readers
+            // drain it), as if it had come just before; never half a batch left reserved.
+            if h.closed.load(Ordering::SeqCst) != 0 {
+                return Err(CoreError::Closed);
+            }
             for (slot, (seq, kind, parts)) in batch.iter_mut().zip(msgs) {
                 match self.try_reserve(h, *seq, *kind, parts.len() as u32, body_len(parts)) {
-                    Ok(Some(r)) => *slot = Some(r),
-                    Ok(None) => break,
-                    Err(e) if n == 0 => return Err(e),
-                    // Closed mid-batch: commit what is reserved (readers drain it); the next
-                    // call reports the error.
-                    Err(_) => break,
+                    Some(r) => *slot = Some(r),
+                    None => break,
                 }
                 n += 1;
                 bytes += parts.iter().map(|p| p.len() as u64).sum::<u64>();
@@ -1572,7 +1570,7 @@ mod tests {
         let h = q.hdr();
         {
             let _g = q.lock();
-            let r = q.try_reserve(h, 1, 0, 0, 0).unwrap().unwrap();
+            let r = q.try_reserve(h, 1, 0, 0, 0).unwrap();
             // Pretend a process that no longer exists holds it.
             q.rec(r.pos)
                 .owner
