@@ -1482,6 +1482,55 @@ mod tests {
     }
 
     #[test]
+    fn a_close_racing_batched_puts_loses_nothing_and_hangs_no_reader() {
+        for round in 0..20u64 {
+            let q = Arc::new(small(1 << 16));
+            let writers: Vec<_> = (0..2)
+                .map(|w| {
+                    let q = q.clone();
+                    thread::spawn(move || {
+                        let body = [7u8; 40];
+                        let parts: [&[u8]; 1] = [&body];
+                        let batch: Vec<(u64, u32, &[&[u8]])> =
+                            (0..16).map(|i| (i, w, &parts[..])).collect();
+                        let mut put = 0;
+                        loop {
+                            match q.try_put_many(&batch) {
+                                Ok(n) => put += n,
+                                Err(CoreError::Closed) => return put,
+                                Err(e) => panic!("{e}"),
+                            }
+                        }
+                    })
+                })
+                .collect();
+            let reader = {
+                let q = q.clone();
+                thread::spawn(move || {
+                    let mut got = 0;
+                    // A record left reserved by the close would stall this until the deadline.
+                    let deadline = || Some(Instant::now() + Duration::from_secs(10));
+                    loop {
+                        match q.claim(32, deadline()) {
+                            Ok(mut c) => {
+                                got += c.len();
+                                q.release(&mut c);
+                            }
+                            Err(CoreError::Closed) => return got,
+                            Err(e) => panic!("reader: {e}"),
+                        }
+                    }
+                })
+            };
+            thread::sleep(Duration::from_millis(1 + round % 5));
+            q.close();
+            let put: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();
+            assert!(put > 0);
+            assert_eq!(reader.join().unwrap(), put, "round {round}");
+        }
+    }
+
+    #[test]
     fn stress_many_writers_many_readers_no_loss_no_dup_fifo_per_writer() {
         const WRITERS: u64 = 4;
         const READERS: usize = 3;
