@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 from easycore import _core
+from easycore.bench.report import memcpy_gbps
 
 KIB = 1 << 10
 MIB = 1 << 20
@@ -389,21 +390,6 @@ def run_large_once(ctx: Ctx, system: str, size: int, n: int) -> LargeResult:
     return LargeResult(n * size / elapsed / 1e9, path)
 
 
-def memcpy_gbps(repeats: int, size: int = 256 * MIB) -> float:
-    """One thread's memcpy bandwidth (GB/s): best of ``repeats`` ``np.copyto`` of ``size``."""
-    src = np.ones(size, dtype=np.uint8)
-    dst = np.zeros(size, dtype=np.uint8)
-    np.copyto(dst, src)  # fault both in
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        np.copyto(dst, src)
-        best = min(best, time.perf_counter() - t0)
-    if not (dst[:: 1 << 16] == 1).all():
-        raise BenchFailure("memcpy: WRONG content")
-    return size / best / 1e9
-
-
 # --------------------------------------------------------------------------------------------
 # latency
 
@@ -551,7 +537,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     "samples": rates,
                 }
         progress("memcpy")
-        out["memcpy_gbps"] = memcpy_gbps(3 if args.quick else 5)
+        out["memcpy_gbps"] = memcpy_gbps(repeats=3 if args.quick else 5)
         for size in (MIB, 16 * MIB):
             for sysname in LARGE_SYSTEMS:
                 progress(f"large messages {size >> 20} MiB: {sysname}")

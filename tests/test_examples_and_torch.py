@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import runner_defs as rd  # noqa: E402
 from easycore.errors import InvalidArgument  # noqa: E402
 from easycore.torch.parallel import OrderedRunner, UnorderedRunner  # noqa: E402
 
@@ -40,17 +41,9 @@ class TensorEcho(OrderedRunner):
     def producer_work(device, cfg, data):
         return {"t": data, "sum": float(data.float().sum()), "threads": torch.get_num_threads()}
 
-    @staticmethod
-    def consumer_init(cfg):
-        cfg.out = []
-
-    @staticmethod
-    def consumer_work(cfg, data):
-        cfg.out.append(data)
-
-    @staticmethod
-    def consumer_end(cfg):
-        return cfg.out
+    consumer_init = rd.Collect.consumer_init
+    consumer_work = rd.Collect.consumer_work
+    consumer_end = rd.Collect.consumer_end
 
 
 def test_tensors_of_many_kinds_round_trip():
