@@ -10,8 +10,12 @@
 //! Two hazards of `flock` are handled here:
 //!
 //! * **fork.** A forked child shares the parent's open file description, so a `LOCK_UN` from
-//!   the child would release the *parent's* lock. A handle remembers the pid that took the lock;
-//!   in any other process it only closes its descriptor (which leaves the parent's lock alone).
+//!   the child would release the *parent's* lock, and a child that lives on would keep the lock
+//!   alive after its parent died. So, in a forked child, every lock-file descriptor inherited
+//!   from the parent is pointed at `/dev/null` at once (a `pthread_atfork` handler): the child
+//!   holds no reference to the lock at all, and the parent's death releases it. A handle also
+//!   remembers the pid that took the lock; in any other process it only closes its descriptor.
+//!   (At most [`FORK_SLOTS`] descriptors open at the same moment are tracked; more is unheard of.)
 //! * **removed lock files.** After taking the lock, the handle checks that the path still names
 //!   the file it locked (same device and inode). If someone removed or replaced the file in the
 //!   meantime, it lets go and tries again on the new file. So a holder may delete the lock file
@@ -25,19 +29,91 @@ use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::{Mutex, Once};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 /// The longest pause between two tries.
 const MAX_PAUSE: Duration = Duration::from_millis(20);
 
+/// How many lock-file descriptors open at the same moment a forked child lets go of.
+pub const FORK_SLOTS: usize = 64;
+
+/// The lock-file descriptors open in this process (-1: a free slot). Each is set from just
+/// after `open` until just before `close`.
+static OPEN_FDS: [AtomicI32; FORK_SLOTS] = [const { AtomicI32::new(-1) }; FORK_SLOTS];
+static ATFORK: Once = Once::new();
+
+/// Runs in the child of every `fork`: points each inherited lock-file descriptor at
+/// `/dev/null`, so the child holds no reference to the parent's locks (the descriptor number
+/// stays valid for the child's copy of the handle, which closes it later).
+extern "C" fn let_go_in_forked_child() {
+    for slot in &OPEN_FDS {
+        let fd = slot.load(Ordering::Relaxed);
+        if fd < 0 {
+            continue;
+        }
+        // SAFETY: open, dup2, fcntl and close are async-signal-safe, as a fork handler needs;
+        // `fd` was open in the parent at the fork, so it is open here, and dup2 replaces it
+        // atomically with /dev/null.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+            if null >= 0 {
+                libc::dup2(null, fd);
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                libc::close(null);
+            }
+        }
+    }
+}
+
+/// An open lock file, listed in [`OPEN_FDS`] while it is open.
+#[derive(Debug)]
+struct LockFd {
+    file: File,
+}
+
+impl LockFd {
+    fn new(file: File) -> Self {
+        ATFORK.call_once(|| {
+            // SAFETY: registers a plain function with no state; it is never unregistered.
+            unsafe { libc::pthread_atfork(None, None, Some(let_go_in_forked_child)) };
+        });
+        let fd = file.as_raw_fd();
+        for slot in &OPEN_FDS {
+            if slot
+                .compare_exchange(-1, fd, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                break;
+            }
+        }
+        LockFd { file }
+    }
+}
+
+impl Drop for LockFd {
+    fn drop(&mut self) {
+        let fd = self.file.as_raw_fd();
+        for slot in &OPEN_FDS {
+            if slot
+                .compare_exchange(fd, -1, Ordering::SeqCst, Ordering::Relaxed)
+                .is_ok()
+            {
+                break;
+            }
+        }
+        // `file` closes after this, once the slot is free.
+    }
+}
+
 /// A lock on one path.
 #[derive(Debug)]
 pub struct FileLock {
     path: PathBuf,
     /// The locked file, while this handle holds the lock; `owner` is the pid that locked it.
-    file: Option<File>,
+    file: Option<LockFd>,
     owner: u32,
 }
 
@@ -71,7 +147,7 @@ impl FileLock {
 
     /// Opens (creating) the lock file and its folder. A folder removed by someone else between
     /// the two steps (an emptied lock area is removed) is made again, a few times.
-    fn open(&self) -> Result<File> {
+    fn open(&self) -> Result<LockFd> {
         let mut tries = 0;
         loop {
             if let Some(parent) = self.path.parent().filter(|p| !p.as_os_str().is_empty()) {
@@ -91,7 +167,7 @@ impl FileLock {
             match opened {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 8 => tries += 1,
                 other => {
-                    return other.map_err(|e| CoreError::Io {
+                    return other.map(LockFd::new).map_err(|e| CoreError::Io {
                         context: format!("opening lock file {}", self.path.display()),
                         source: e,
                     })
@@ -101,8 +177,8 @@ impl FileLock {
     }
 
     /// Whether the path still names the file `f` (it was not removed or replaced).
-    fn still_named(&self, f: &File) -> Result<bool> {
-        let mine = f.metadata().map_err(|e| CoreError::Io {
+    fn still_named(&self, f: &LockFd) -> Result<bool> {
+        let mine = f.file.metadata().map_err(|e| CoreError::Io {
             context: format!("fstat lock file {}", self.path.display()),
             source: e,
         })?;
@@ -127,7 +203,7 @@ impl FileLock {
         }
         let f = self.open()?;
         // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
-        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        let r = unsafe { libc::flock(f.file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if r != 0 {
             let err = std::io::Error::last_os_error();
             return match err.raw_os_error() {
@@ -169,7 +245,7 @@ impl FileLock {
         if let Some(f) = self.file.take() {
             // SAFETY: unlocking a descriptor we own, in the process that locked it (checked by
             // forget_inherited above); closing it (drop) would unlock as well.
-            unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_UN) };
+            unsafe { libc::flock(f.file.as_raw_fd(), libc::LOCK_UN) };
         }
     }
 }
@@ -425,7 +501,7 @@ mod tests {
         a.release();
         // SAFETY: flock on a descriptor we own; LOCK_NB never blocks.
         assert_eq!(
-            unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+            unsafe { libc::flock(f.file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
             0
         );
         assert!(!b.still_named(&f).unwrap(), "the lock is on a removed file");

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import signal
@@ -289,3 +290,36 @@ def test_forked_child_never_releases_the_parents_lock(tmp_path, action):
     lock.release()
     assert other.acquire(blocking=False)
     other.release()
+
+
+FORKING_HOLDER = """
+import os, sys
+from easycore.common.path import file_lock
+lock = file_lock(sys.argv[1])
+lock.acquire()
+child = os.fork()
+if child == 0:  # the child lives on after its parent dies, holding an inherited descriptor
+    sys.stdin.readline()
+    os._exit(0)
+print(child, flush=True)
+sys.stdin.readline()  # hold until killed
+"""
+
+
+@pytest.mark.timeout(60)
+def test_lock_is_released_when_its_holder_dies_even_if_a_forked_child_lives(tmp_path):
+    path = str(tmp_path / "f")
+    grandchild = None
+    try:
+        with children(FORKING_HOLDER, 1, path) as (proc,):
+            grandchild = int(proc.stdout.readline())
+            assert not file_lock(path).acquire(blocking=False)  # the parent holds it
+            os.kill(proc.pid, signal.SIGKILL)
+            assert proc.wait(timeout=30) == -signal.SIGKILL
+            os.kill(grandchild, 0)  # still alive, with its copy of the descriptor
+            with file_lock(path, timeout=10) as lock:  # released: the child let go at fork
+                assert lock.locked
+    finally:
+        if grandchild is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(grandchild, signal.SIGKILL)
