@@ -344,7 +344,7 @@ def load_yaml(text: str | bytes | IO, unsafe: bool = False, source: str = "<stri
             f"{_excerpt(exc.node)}: {exc.error}"
         ) from None
     except RecursionError:
-        raise InvalidConfigError(
+        raise InvalidYAMLError(
             f"{source}, near {_line(loader.get_mark())}: the config is nested too deeply "
             f"(at most {MAX_DEPTH} levels)"
         ) from None
