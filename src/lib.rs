@@ -8,11 +8,11 @@
 //! * [`slots`]: the queue's pool of reusable segments for large messages.
 //! * [`shmlock`]: the short shared-memory lock that survives its holder's death.
 //! * [`reorder`]: the sequence-ordered reorder buffer.
-//! * [`lock`]: the inter-process file lock.
+//! * [`filelock`]: the inter-process file lock (flock, timeouts, fork-safe).
 
 pub mod error;
+pub mod filelock;
 pub mod liveness;
-pub mod lock;
 pub mod queue;
 pub mod reorder;
 pub mod shm;

@@ -2,7 +2,7 @@
 
 use super::errors::{make, IntoPy};
 use super::{check_timeout, deadline, expired, tick};
-use crate::lock::{Holder, SharedFileLock};
+use crate::filelock::{Holder, SharedFileLock};
 use pyo3::prelude::*;
 
 /// An exclusive lock on a file, across processes and threads; released if the holder dies.
