@@ -6,12 +6,14 @@
 //! * [`liveness`]: process identity and liveness the kernel vouches for (flocked tokens).
 //! * [`queue`]: the bounded inter-process message queue.
 //! * [`slots`]: the queue's pool of reusable segments for large messages.
+//! * [`forkviews`]: zero-copy views that a forked child keeps unchanged.
 //! * [`shmlock`]: the short shared-memory lock that survives its holder's death.
 //! * [`reorder`]: the sequence-ordered reorder buffer.
 //! * [`filelock`]: the inter-process file lock (flock, timeouts, fork-safe).
 
 pub mod error;
 pub mod filelock;
+pub mod forkviews;
 pub mod liveness;
 pub mod queue;
 pub mod reorder;

@@ -408,6 +408,8 @@ pub struct SideBuf {
 
 impl SideBuf {
     pub fn new(seg: Arc<Segment>, lease: Option<Lease>) -> Self {
+        // Views must survive a fork unchanged (see crate::forkviews).
+        crate::forkviews::register(seg.as_ptr(), seg.len());
         SideBuf { seg, lease }
     }
 
@@ -438,8 +440,15 @@ impl SideBuf {
     }
 }
 
-/// A mapping of one generation of a slot.
-type Mapped = Option<(u64, Arc<Segment>)>;
+impl Drop for SideBuf {
+    fn drop(&mut self) {
+        crate::forkviews::unregister(self.seg.as_ptr());
+    }
+}
+
+/// A mapping of one generation of a slot, made in one fork epoch (a mapping that views made
+/// private before a fork no longer reaches the shared segment: see crate::forkviews).
+type Mapped = Option<(u64, u64, Arc<Segment>)>;
 
 /// This process's mappings of slot segments, so a slot is mapped once, not per message.
 pub struct SlotMaps {
@@ -487,13 +496,14 @@ impl SlotMaps {
                 Err(TryLockError::WouldBlock) => return map(),
             }
         };
-        if let Some((gen, seg)) = &guard[t.idx] {
-            if *gen == t.gen {
+        let epoch = crate::forkviews::epoch();
+        if let Some((gen, at, seg)) = &guard[t.idx] {
+            if *gen == t.gen && *at == epoch {
                 return Ok(seg.clone());
             }
         }
         let seg = map()?;
-        guard[t.idx] = Some((t.gen, seg.clone()));
+        guard[t.idx] = Some((t.gen, epoch, seg.clone()));
         Ok(seg)
     }
 }

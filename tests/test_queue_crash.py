@@ -362,3 +362,38 @@ def test_a_zombie_lock_holder_is_taken_over_while_the_caller_holds_the_gil():
     assert r.returncode == 0, r.stderr
     assert r.stdout.split()[0] == "caught", "the child was never stopped inside the lock"
     assert "after the zombie" in r.stdout
+
+
+def test_a_forked_child_keeps_the_zero_copy_array_it_inherited():
+    # The parent holds a zero-copy view of a pooled large message, forks, then drops its
+    # view and sends more large messages, which reuse the slot. The child's inherited array
+    # must still hold the first message (before, it changed under the child).
+    import numpy as np
+
+    q = Queue(capacity_bytes=1 << 20, pool_bytes=4 << 20)
+    n = 1 << 20
+    q.put(1, 0, [b"h", np.full(n, 1, np.uint8)])
+    view = np.frombuffer(q.get()[2][1], np.uint8)
+    assert view[0] == 1
+    r, w = os.pipe()
+    kid = os.fork()
+    if kid == 0:
+        code = 3
+        try:
+            os.read(r, 1)  # wait until the parent reused the slot
+            code = 0 if (view == 1).all() else 1
+        finally:
+            os._exit(code)
+    try:
+        del view
+        for v in range(2, 6):
+            q.put(v, 0, [b"h", np.full(n, v, np.uint8)])
+            got = q.get()[2][1]
+            assert np.frombuffer(got, np.uint8)[0] == v
+            del got
+        os.write(w, b"x")
+        _, status = os.waitpid(kid, 0)
+        assert os.WEXITSTATUS(status) == 0, "the child's inherited array changed"
+    finally:
+        os.close(r)
+        os.close(w)

@@ -59,22 +59,26 @@ impl PartyTable {
         if let Some(i) = self.ids.iter().position(|e| e.load(Ordering::Acquire) == w) {
             return Some((i as u32 + 1, None));
         }
-        for (i, e) in self.ids.iter().enumerate() {
-            if e.load(Ordering::Relaxed) == 0
-                && e.compare_exchange(0, w, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            {
-                return Some((i as u32 + 1, None));
+        // A few passes: a repairer may free dead entries between our two scans (they are
+        // then neither free in the first scan nor dead in the second).
+        for _ in 0..4 {
+            for (i, e) in self.ids.iter().enumerate() {
+                if e.load(Ordering::Relaxed) == 0
+                    && e.compare_exchange(0, w, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    return Some((i as u32 + 1, None));
+                }
             }
-        }
-        for (i, e) in self.ids.iter().enumerate() {
-            let old = e.load(Ordering::Acquire);
-            if Identity::unpack(old).is_some_and(|o| !liveness::alive(o))
-                && e.compare_exchange(old, w, Ordering::AcqRel, Ordering::Relaxed)
-                    .is_ok()
-            {
-                self.waits[i].store(0, Ordering::Relaxed);
-                return Some((i as u32 + 1, Some(old)));
+            for (i, e) in self.ids.iter().enumerate() {
+                let old = e.load(Ordering::Acquire);
+                if Identity::unpack(old).is_some_and(|o| !liveness::alive(o))
+                    && e.compare_exchange(old, w, Ordering::AcqRel, Ordering::Relaxed)
+                        .is_ok()
+                {
+                    self.waits[i].store(0, Ordering::Relaxed);
+                    return Some((i as u32 + 1, Some(old)));
+                }
             }
         }
         None

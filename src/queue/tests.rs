@@ -665,3 +665,98 @@ fn attach_checks_the_layout() {
         Err(CoreError::BadSegment(_))
     ));
 }
+
+/// A party that does not exist (its token was never made): dead to everyone.
+fn ghost(q: &Queue, salt: u32) -> u32 {
+    let me = crate::liveness::me().unwrap();
+    let id = crate::liveness::Identity {
+        pid: me.pid,
+        nonce: me.nonce ^ salt,
+    };
+    q.hdr().parties.register(id).unwrap().0
+}
+
+#[test]
+fn a_claim_cut_short_by_death_is_given_back() {
+    let q = small(1 << 14);
+    for i in 0..3 {
+        q.put(i, 0, &[b"m"], None).unwrap();
+    }
+    let h = q.hdr();
+    let g = ghost(&q, 0x1111_1111);
+    // What a reader leaves when it dies inside `claim` before storing `read`: two records
+    // READING, `pending` already lowered, the lock held.
+    let mut pos = h.read.load(Ordering::Relaxed);
+    for _ in 0..2 {
+        let rec = q.rec(pos);
+        rec.owner.store(g, Ordering::Relaxed);
+        rec.state.store(ST_READING, Ordering::Relaxed);
+        pos += rec.size.load(Ordering::Relaxed);
+    }
+    locked_sub(&h.pending, 2);
+    h.lock.0.force_holder(g);
+    let deadline = Some(Instant::now() + Duration::from_secs(10));
+    let got: Vec<u64> = (0..3).map(|_| get(&q, deadline).unwrap().0).collect();
+    assert_eq!(got, vec![0, 1, 2], "nothing lost, order kept");
+    q.audit(deadline).unwrap();
+}
+
+#[test]
+fn an_interrupted_restart_of_an_empty_ring_is_evened_out() {
+    let q = small(4096);
+    q.put(1, 0, &[&[5u8; 100]], None).unwrap();
+    get(&q, None).unwrap();
+    let h = q.hdr();
+    let at = h.head.load(Ordering::Relaxed);
+    assert!(at % q.ring_size() != 0);
+    // The restart stores tail, read, head in turn; the writer died after the first.
+    h.tail.store(align_up(at, q.ring_size()), Ordering::Relaxed);
+    let g = ghost(&q, 0x2222_2222);
+    h.lock.0.force_holder(g);
+    let deadline = Some(Instant::now() + Duration::from_secs(10));
+    q.put(2, 0, &[&[6u8; 1000]], deadline).unwrap();
+    assert_eq!(get(&q, deadline).unwrap().0, 2);
+    q.audit(deadline).unwrap();
+}
+
+#[test]
+fn counters_a_dead_holder_left_wrong_are_rebuilt() {
+    let q = small(1 << 14);
+    q.put(1, 0, &[b"x"], None).unwrap();
+    get(&q, None).unwrap();
+    let h = q.hdr();
+    // As the issue found: a counter wrapped by a death between two stores.
+    h.pending.store(u64::MAX, Ordering::Relaxed);
+    h.n_msgs.store(u64::MAX, Ordering::Relaxed);
+    let g = ghost(&q, 0x3333_3333);
+    h.lock.0.force_holder(g);
+    let deadline = Some(Instant::now() + Duration::from_secs(10));
+    // `put` into an empty queue must not report Full for ever.
+    q.put(2, 0, &[b"y"], deadline).unwrap();
+    assert_eq!(get(&q, deadline).unwrap().0, 2);
+    q.close(deadline);
+    // A closed, drained queue reports Closed (it waited for ever before).
+    assert!(matches!(get(&q, deadline), Err(CoreError::Closed)));
+    q.audit(deadline).unwrap();
+}
+
+#[test]
+fn a_full_party_table_adopts_a_dead_entry() {
+    let q = small(1 << 14);
+    for k in 0..parties::PARTIES as u32 {
+        ghost(&q, 0x4000_0000 | k);
+    }
+    let deadline = Some(Instant::now() + Duration::from_secs(10));
+    // Every entry is taken by a dead party; this process still gets in, and a record a
+    // ghost left WRITING is given up rather than waited on.
+    let h = q.hdr();
+    {
+        let g1 = h.lock.0.try_lock(1).unwrap();
+        let r = q.try_reserve(h, 1, 9, 0, 0, 0).unwrap();
+        assert_eq!(q.rec(r.pos).owner.load(Ordering::Relaxed), 1);
+        drop(g1);
+    }
+    q.put(1, 0, &[b"in"], deadline).unwrap();
+    assert_eq!(get(&q, deadline).unwrap().0, 1);
+    q.audit(deadline).unwrap();
+}
