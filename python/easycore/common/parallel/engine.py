@@ -37,7 +37,6 @@ import sys
 import threading
 import time
 import weakref
-from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -878,11 +877,14 @@ class _Call:
         self.seq_data = data_iter if type(data_iter) in _SEQUENCES else None
         self.it = None if self.seq_data is not None else iter(data_iter)
         self.pos = 0  # next index of seq_data to send
-        self.buf: deque = deque()  # items read from self.it, not yet sent
+        # Items read from self.it, not yet sent. The reader only appends and the sender only
+        # removes a prefix (each one atomic under the GIL), so no lock is needed.
+        self.buf: list = []
         self.reader: threading.Thread | None = None
         self.reader_done = self.seq_data is not None
         self.reader_waiting = False
         self.receiver_waiting = False
+        self.attention = False  # receiver_waiting or abort: the reader's one check per item
         self.input_error: BaseException | None = None
         self.send_error: BaseException | None = None
         self.send_lock = threading.Lock()
@@ -952,15 +954,17 @@ class _Call:
                             self.cond.wait(_TICK)
                         self.reader_waiting = False
                     continue
-                for _ in range(room):
-                    append(next(it))
-                    read += 1
-                    if self.receiver_waiting:
+                got = 0
+                # islice pulls one item at a time: nothing is held back while next() blocks.
+                for got, x in enumerate(itertools.islice(it, room), 1):  # noqa: B007
+                    append(x)
+                    if self.attention:
+                        if self.abort:
+                            return
                         self._input_arrived()
-                    if self.abort:
-                        return
-        except StopIteration:
-            pass
+                read += got
+                if got < room:
+                    break  # the input is over
         except BaseException as e:  # noqa: BLE001 - raised in the receiving thread
             self.input_error = e
         finally:
@@ -973,6 +977,7 @@ class _Call:
         if not self.receiver_waiting or self.abort:
             return
         self.receiver_waiting = False
+        self.attention = self.abort
         if (
             self.input_error is None
             and self.dispatched == self.delivered
@@ -1030,8 +1035,9 @@ class _Call:
         if not n:
             return None
         size = min(n, self._batch_size())
-        pop = buf.popleft
-        return [pop() for _ in range(size)]
+        items = buf[:size]
+        del buf[:size]
+        return items
 
     def _make_batch(self) -> tuple[int, int, Any] | None:
         items = self._next_items()
@@ -1117,6 +1123,7 @@ class _Call:
                 raise RunnerClosedError("the call was aborted")
             # Sleep on the output queue; the reader wakes us (or sends) when input comes.
             self.receiver_waiting = True
+            self.attention = True
             if (
                 self._ready_to_send()
                 or self.input_error is not None
@@ -1124,6 +1131,7 @@ class _Call:
                 or (self.reader_done and self.delivered >= self.dispatched and self._input_over())
             ):
                 self.receiver_waiting = False
+                self.attention = self.abort
                 continue
             idle = self.delivered >= self.dispatched
             wait = _TICK
@@ -1138,6 +1146,7 @@ class _Call:
                 raise RunnerClosedError("the runner was closed during the call") from None
             finally:
                 self.receiver_waiting = False
+                self.attention = self.abort
             if idle:
                 self.stats.input_wait_s += time.perf_counter() - t
             if msgs is None:
@@ -1277,6 +1286,7 @@ class _Call:
             if self.error is None:
                 self.error = e
             self.abort = True
+            self.attention = True
             with self.cond:
                 self.cond.notify_all()
 
@@ -1303,6 +1313,7 @@ class _Call:
             return
         self.ended = True
         self.abort = True
+        self.attention = True
         with self.cond:
             self.cond.notify_all()
         if self.consumer is not None and self.consumer is not threading.current_thread():
