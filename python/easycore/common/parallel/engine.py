@@ -1276,6 +1276,8 @@ class _Call:
                 for i, r in enumerate(results):
                     try:
                         work(cfg, r)
+                    except (KeyboardInterrupt, SystemExit):
+                        raise
                     except BaseException as e:
                         raise _hook_error("consumer_work", e, first + i) from e
                 busy += time.perf_counter() - t
@@ -1380,6 +1382,8 @@ def _hook_error(hook: str, e: BaseException, item: int | None) -> WorkerError:
 def _call_hook(name: str, fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
+    except (KeyboardInterrupt, SystemExit):
+        raise
     except BaseException as e:
         raise _hook_error(name, e, None) from e
 

@@ -124,6 +124,40 @@ def _seed_all(seed: int, done: set[str]) -> None:
         done.add("torch")
 
 
+class _SeedOnImport:
+    """A ``sys.meta_path`` finder that seeds numpy or torch right after a hook first imports
+    them in a producer (importing them up front would slow every producer's start)."""
+
+    def __init__(self, seed: int, done: set[str]) -> None:
+        self.seed = seed
+        self.done = done
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in ("numpy", "torch") or name in self.done:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        real_exec = getattr(loader, "exec_module", None)
+        if real_exec is None:
+            return None
+        seed, done = self.seed, self.done
+
+        def exec_module(module: Any) -> None:
+            real_exec(module)
+            sys.modules[name] = module
+            _seed_all(seed, done)
+
+        loader.exec_module = exec_module
+        return spec
+
+
 def safe_str(exc: BaseException) -> str:
     """``"Type: message"`` for an exception, whatever its ``__str__`` does."""
     name = getattr(type(exc), "__qualname__", "exception")
@@ -237,6 +271,8 @@ def producer_main(
     _INFO = WorkerInfo(index, int(opts.get("n", 1)), device, seed, os.getpid())
     seeded: set[str] = set()
     _seed_all(seed, seeded)
+    if not {"numpy", "torch"} <= seeded:
+        sys.meta_path.insert(0, _SeedOnImport(seed, seeded))
     raw_state = opts.get("state")
     state = memoryview(raw_state).cast("B").cast("q") if raw_state is not None else None
     me = STATE_FIELDS * index
@@ -251,7 +287,6 @@ def producer_main(
         report = error_report("producer_init", device, None, e, "hook")
         _send(out_q, codec, index, wire.ERROR, report, alive)
         return
-    _seed_all(seed, seeded)  # modules producer_init imported start from the seed too
     _send(out_q, codec, index, wire.READY, (index, os.getpid()), alive)
 
     working_call = [0]
