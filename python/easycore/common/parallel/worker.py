@@ -387,4 +387,14 @@ def producer_main(
         runner_cls.producer_end(device, cfg)
     except BaseException as e:  # noqa: BLE001
         end_error = error_report("producer_end", device, None, e, "hook")
+    _close_nested_runners()
     _send(out_q, codec, index, wire.BYE, (index, end_error), alive)
+
+
+def _close_nested_runners() -> None:
+    """Closes runners the hooks made in this producer and left open. A multiprocessing child
+    skips atexit and joins its children on the way out: without this, their producers (which
+    wait for their parent, us) would hold us until the caller's close_timeout ran out."""
+    engine = sys.modules.get("easycore.common.parallel.engine")
+    if engine is not None:
+        engine._close_all_at_exit()
