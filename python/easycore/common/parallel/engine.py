@@ -73,6 +73,8 @@ _TICK = 0.1  # seconds between health checks while blocked
 _TARGET_BATCH_S = 0.004  # producer work per message the batching aims at
 _MAX_BATCH_BYTES = 1 << 20  # do not grow batches of large items past this
 _START_TIMEOUT = 600.0  # a producer_init taking longer than this is reported as stuck
+_RING_IN = 4 << 20  # ring bytes of the input queue (larger items use side segments)
+_RING_OUT = 8 << 20  # ring bytes of the output queue
 _INTERRUPT_GRACE_S = 2.0  # after an interrupt, time left for producer_end before a kill
 _UNGUARDED_MAIN_EXIT = 87  # exit code of a spawned child that re-ran an unguarded script
 _SEQUENCES = (range, list, tuple)  # inputs sliced in place: reading them never blocks
@@ -179,6 +181,7 @@ class _Workers:
         self.closed = False
         self.end_errors: list[dict] = []
         self.owner_pid = os.getpid()
+        self.out_budget = out_q.ring_size  # bytes of results the output queue may hold
         _LIVE_WORKERS.add(self)
 
     def mine(self) -> bool:
@@ -570,8 +573,19 @@ class BaseRunner(RunnerHooks):
             max_msgs = max(64, self._window + 4 * n)
             # Large items and results travel zero-copy in pooled segments (at most twice the
             # ring's bytes by default): /dev/shm use stays within 3 * (in_bytes + out_bytes).
-            in_q = Queue(capacity_bytes=in_bytes, max_messages=max_msgs)
-            out_q = Queue(capacity_bytes=out_bytes, max_messages=max_msgs)
+            # The rings only hold small messages (larger ones go to side segments within the
+            # side budget), and their space is committed and touched at creation: small
+            # rings start in a few ms where rings of the full budget took ~70 ms.
+            in_q = Queue(
+                capacity_bytes=min(in_bytes, _RING_IN),
+                max_messages=max_msgs,
+                side_budget=in_bytes,
+            )
+            out_q = Queue(
+                capacity_bytes=min(out_bytes, _RING_OUT),
+                max_messages=max_msgs,
+                side_budget=out_bytes,
+            )
             ctx = self._start_context(self._start_method)
             state = ctx.RawArray("q", _worker.state_size(n))
             for i in range(n):
@@ -579,6 +593,7 @@ class BaseRunner(RunnerHooks):
             setup = self._producer_setup(n)
             procs: list = []
             workers = _Workers(procs, self._devices, in_q, out_q, state)
+            workers.out_budget = out_bytes
             pdeathsig = threading.current_thread() is threading.main_thread()
             try:
                 for i, dev in enumerate(self._devices):
@@ -900,8 +915,8 @@ class _Call:
         self.delivered = 0  # items handed out (written by the receiving thread only)
         self.bytes_per_item = 0.0  # pickled input per item (last batch)
         # Results in flight (queued, being consumed, or waiting in the reorder buffer) stay
-        # within about twice the result queue's ring, however large each result is.
-        self.max_inflight_bytes = 2 * self.workers.out_q.ring_size
+        # within about twice the output queue's side budget, however large each result is.
+        self.max_inflight_bytes = 2 * self.workers.out_budget
         self.busy_seen: dict[int, float] = {}
         self.wait_seen: dict[int, float] = {}
         self.error: BaseException | None = None
