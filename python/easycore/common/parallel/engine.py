@@ -1208,15 +1208,16 @@ class _Call:
             base = _worker.STATE_FIELDS * i
             item = view[base + _worker.ITEM]
             if item >= 0 and view[base + _worker.CALL] == self.call:
-                stuck.append((view[base + _worker.SINCE_NS], i, item))
+                stuck.append((view[base + _worker.SINCE_NS], i, item, view[base + _worker.COUNT]))
         in_flight = self.dispatched - self.delivered
         if stuck:
-            since, i, item = min(stuck)
+            since, i, item, count = min(stuck)
             proc = self.workers.procs[i]
             dev = self.runner._devices[i]
+            which = f"item {item}" if count <= 1 else f"one of items {item}..{item + count - 1}"
             return RunnerTimeoutError(
                 f"no result within timeout={self.timeout} s: producer {i} (device {dev!r}, "
-                f"pid {proc.pid}) is stuck in producer_work on item {item} (its batch started "
+                f"pid {proc.pid}) is stuck in producer_work on {which} (its batch started "
                 f"{(now - since) / 1e9:.1f} s ago). The runner was closed (its producers were "
                 "stopped); call activate() to restart it",
                 timeout=self.timeout or 0.0,

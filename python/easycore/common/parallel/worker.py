@@ -37,8 +37,12 @@ _PARENT_CHECK_S = 0.5
 _PR_SET_PDEATHSIG = 1
 
 # Layout of the shared state array: ``STATE_FIELDS`` int64 words per producer, then globals.
-STATE_FIELDS = 3
-CALL, ITEM, SINCE_NS = 0, 1, 2  # per producer: call and item being worked on (-1: idle)
+STATE_FIELDS = 4
+# Per producer: the call and item being worked on (ITEM -1: idle), when its batch started, and
+# COUNT: 1 when ITEM is tracked item by item, else the batch's size (ITEM is then its first
+# item: large batches are only made of cheap items, which are not worth a store each).
+CALL, ITEM, SINCE_NS, COUNT = 0, 1, 2, 3
+_TRACK_ITEMS = 8  # batches of at most this many items are tracked item by item
 INTERRUPT_SIGNAL = signal.SIGUSR1
 
 
@@ -328,23 +332,28 @@ def producer_main(
                 state[me + SINCE_NS] = time.monotonic_ns()
                 state[me + CALL] = call
             working_call[0] = call
-            results = []
+            results: list = []
+            append = results.append
             failed = None
-            i = first
             try:
                 if state is None:
                     for item in items:
-                        results.append(work(device, cfg, item))
-                        i += 1
-                else:
+                        append(work(device, cfg, item))
+                elif len(items) > _TRACK_ITEMS:
+                    state[me + COUNT] = len(items)
+                    state[me + ITEM] = first
                     for item in items:
-                        state[me + ITEM] = i
-                        results.append(work(device, cfg, item))
-                        i += 1
+                        append(work(device, cfg, item))
+                else:
+                    state[me + COUNT] = 1
+                    for item in items:
+                        state[me + ITEM] = first + len(results)
+                        append(work(device, cfg, item))
             except _Interrupted:
                 raise
             except BaseException as e:  # noqa: BLE001
-                failed = error_report("producer_work", device, i, e, "hook")
+                item_index = first + len(results)
+                failed = error_report("producer_work", device, item_index, e, "hook")
             working_call[0] = 0
             if state is not None:
                 state[me + ITEM] = -1
