@@ -270,6 +270,37 @@ def test_a_users_sigterm_handler_is_kept():
     assert out.stdout.strip() == "True 14", out.stderr
 
 
+def test_idle_forkserver_producers_do_not_take_the_fork_server_for_their_parent():
+    # Their parent process is the fork server: the old orphan check (getppid() against the
+    # caller's pid) made every idle producer exit after half a second.
+    out = run_script(
+        """
+        import time, runner_defs as rd
+        if __name__ == "__main__":
+            with rd.SumSquares(devices=2, start_method="forkserver") as r:
+                print(r(range(10)))
+                time.sleep(1.5)
+                print(r(range(10)))
+        """
+    )
+    assert out.stdout.split() == ["285", "285"], out.stderr
+
+
+def test_runner_made_in_a_thread_that_ended_keeps_its_producers():
+    # The parent-death signal follows the thread that started the producers: it is armed
+    # only for runners made in the main thread.
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("r", rd.SumSquares(devices=1)))
+    t.start()
+    t.join()
+    r = box["r"]
+    try:
+        time.sleep(0.3)
+        assert r(range(10)) == 285
+    finally:
+        r.close()
+
+
 # ----- 5. Ctrl-C is prompt -----
 
 
