@@ -729,15 +729,15 @@ class BaseRunner(RunnerHooks):
     def _begin(self, call: _Call, timeout: float | None) -> None:
         """Makes ``call`` the running call. Waits for a call of another thread to end;
         raises :class:`RunnerBusyError` at once where waiting could never end."""
-        me = threading.get_ident()
+        me = threading.current_thread()
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._call_cond:
             while self._active_call is not None:
                 active = self._active_call
-                if me in active.threads:
+                if any(t is me for t in active.threads):
                     where = (
                         "from inside the running call (a consumer hook, or its input iterable)"
-                        if me != active.threads[0]
+                        if me is not active.threads[0]
                         else "while an imap of it is still open in this thread"
                     )
                     raise RunnerBusyError(
@@ -884,7 +884,9 @@ class _Call:
         self.kind_work = wire.pack_kind(wire.WORK, self.call)
         self.is_imap = is_imap
         self.timeout = timeout
-        self.threads: list[int] = []  # threads taking part (the first one made the call)
+        # Threads taking part (the first one made the call). Thread objects, not idents: an
+        # ident is reused as soon as its thread ends.
+        self.threads: list[threading.Thread] = []
         try:
             self.total = len(data_iter)  # type: ignore[arg-type]
         except TypeError:
@@ -938,7 +940,7 @@ class _Call:
     def _start(self) -> None:
         """Takes the runner (one call at a time) and starts the clocks and the reader."""
         self.runner._begin(self, self.timeout)
-        self.threads.append(threading.get_ident())
+        self.threads.append(threading.current_thread())
         self.t0 = time.perf_counter()
         self.last_progress = time.monotonic()
         self.in_wait0 = self.workers.in_q.wait_seconds
@@ -950,8 +952,8 @@ class _Call:
             self.bar = tqdm.tqdm(total=self.total, unit="item", desc=type(self.runner).__name__)
         if self.it is not None:
             self.reader = threading.Thread(target=self._read, name="easycore-input", daemon=True)
+            self.threads.append(self.reader)
             self.reader.start()
-            self.threads.append(self.reader.ident or 0)
 
     # ----- reading (a helper thread, for inputs other than range/list/tuple) -----
 
@@ -1281,7 +1283,7 @@ class _Call:
     def _consume(self, cfg: Any, result: list) -> None:
         # Hooks are looked up on the class, as the producers do: a plain function assigned
         # as a hook then works like a staticmethod.
-        self.threads.append(threading.get_ident())
+        self.threads.append(threading.current_thread())
         runner = type(self.runner)
         try:
             _call_hook("consumer_init", runner.consumer_init, cfg)
