@@ -131,3 +131,140 @@ class StallEvery97(Collect):
     @staticmethod
     def consumer_end(cfg):
         return cfg.n
+
+
+class Counted(Collect):
+    """Ordered collect whose consumer hooks misbehave as cfg.fail names (one call only:
+    the test changes the runner's cfg between calls)."""
+
+    @staticmethod
+    def consumer_init(cfg):
+        if cfg.get("fail") == "consumer_init":
+            raise RuntimeError("consumer_init broke")
+        cfg.out = []
+
+    @staticmethod
+    def consumer_work(cfg, data):
+        if cfg.get("fail") == "consumer_work" and data == 5:
+            raise RuntimeError("consumer_work broke")
+        cfg.out.append(data)
+
+    @staticmethod
+    def consumer_end(cfg):
+        if cfg.get("fail") == "consumer_end":
+            raise RuntimeError("consumer_end broke")
+        return cfg.out
+
+    @staticmethod
+    def producer_work(device, cfg, data):
+        if data == -1:
+            raise RuntimeError("producer_work broke")
+        return data
+
+
+class BadStr(Exception):
+    def __str__(self):
+        raise RuntimeError("__str__ broke")
+
+    def __repr__(self):
+        raise RuntimeError("__repr__ broke")
+
+
+class Unpicklable(Exception):
+    def __init__(self, msg):
+        super().__init__(msg)
+        self.fn = lambda: None  # pickling this exception fails
+
+    def __reduce__(self):
+        raise TypeError("no pickling")
+
+
+class NeedsArgs(ValueError):
+    def __init__(self, code, detail):
+        super().__init__(f"code {code}: {detail}")
+        self.code = code
+
+
+class NoSubclass(Exception):
+    def __init_subclass__(cls, **kw):
+        raise TypeError("final")
+
+
+class Raiser(Collect):
+    """producer_work raises the exception named by a str item (other items pass through)."""
+
+    @staticmethod
+    def producer_work(device, cfg, data):
+        if isinstance(data, str):
+            exc = {
+                "value": lambda: ValueError("bad value"),
+                "badstr": BadStr,
+                "unpicklable": lambda: Unpicklable("cannot travel"),
+                "needsargs": lambda: NeedsArgs(42, "the detail"),
+                "nosubclass": lambda: NoSubclass("no subclass"),
+                "keyerror": lambda: KeyError("k"),
+                "stopiteration": lambda: StopIteration("stop"),
+            }[data]()
+            raise exc
+        return data
+
+
+class ConsumerRaiser(Collect):
+    @staticmethod
+    def consumer_work(cfg, data):
+        if data == 2:
+            raise BadStr()
+        cfg.out.append(data)
+
+
+class Seeded(UnorderedRunner):
+    """Each producer reports its worker_info and its first draws from random and numpy."""
+
+    @staticmethod
+    def producer_init(device, cfg):
+        import random
+
+        import numpy as np
+        from easycore.common.parallel import worker_info
+
+        info = worker_info()
+        cfg.draw = (info.index, info.num_producers, info.seed, random.random(), np.random.rand())
+
+    @staticmethod
+    def producer_work(device, cfg, data):
+        time.sleep(0.01)
+        return cfg.draw
+
+    consumer_init = Collect.consumer_init
+    consumer_work = Collect.consumer_work
+    consumer_end = Collect.consumer_end
+
+
+class StuckOn3(Collect):
+    @staticmethod
+    def producer_work(device, cfg, data):
+        if data == 3:
+            time.sleep(300)
+        return data
+
+
+class ShmFails(Collect):
+    """The first result put fails as when /dev/shm is full."""
+
+    @staticmethod
+    def producer_init(device, cfg):
+        from easycore.common.parallel import wire, worker
+        from easycore.errors import SharedMemoryError
+
+        real = worker._put
+        failed = []
+
+        def put(out_q, seq, kind, parts, alive):
+            if wire.unpack_kind(kind)[0] == wire.RESULT and not failed:
+                failed.append(1)
+                raise SharedMemoryError(
+                    "cannot create a shared-memory segment of 64.0 MiB: /dev/shm has 1.0 MiB free"
+                )
+            return real(out_q, seq, kind, parts, alive)
+
+        worker._put = put

@@ -46,6 +46,47 @@ class RunnerClosedError(EasycoreError):
     """A runner was used after ``close()``; call ``activate()`` to restart it."""
 
 
+class RunnerBusyError(EasycoreError, RuntimeError):
+    """A call was made on a runner that cannot take it now: another call of the same runner
+    is open in this thread (an unfinished ``imap``, or a call from inside a consumer hook),
+    or the runner belongs to another process (a runner made before ``fork`` is the parent's).
+    """
+
+
+class RunnerTimeoutError(EasycoreTimeoutError):
+    """No result arrived within a call's ``timeout``.
+
+    Attributes:
+        timeout (float): the timeout that ran out, in seconds.
+        item (int | None): the input index of the item a producer was stuck on, if known.
+        producer (int | None): the index (position in ``devices``) of that producer.
+        device (str | None): its device.
+        pid (int | None): its process id.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        timeout: float = 0.0,
+        item: int | None = None,
+        producer: int | None = None,
+        device: str | None = None,
+        pid: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.timeout = timeout
+        self.item = item
+        self.producer = producer
+        self.device = device
+        self.pid = pid
+
+
+class StartMethodError(EasycoreError):
+    """Producer processes could not be started with the chosen start method (typically
+    ``spawn``: the runner class or ``cfg`` cannot be pickled, or the main script lacks
+    ``if __name__ == "__main__":``). The message says what to change."""
+
+
 class WorkerError(EasycoreError):
     """A hook raised in a producer or in the consumer.
 
@@ -75,6 +116,96 @@ class WorkerError(EasycoreError):
             type(self),
             (self.args[0], self.hook, self.device, self.item, self.remote_traceback),
         )
+
+
+_AS_TYPE: dict[type, type | None] = {}
+
+
+def _rebuild_worker_error(
+    original: type, message: str, fields: tuple, state: dict | None
+) -> WorkerError:
+    """Unpickles a :func:`worker_error_as` instance (its class is made again on the fly)."""
+    return worker_error_as(original, message, *fields, state=state)
+
+
+def _typed_str(self: BaseException) -> str:
+    return str(self.args[0]) if self.args else ""
+
+
+def _typed_reduce(self: WorkerError) -> tuple:
+    fields = (self.hook, self.device, self.item, self.remote_traceback)
+    state = {k: v for k, v in vars(self).items() if k not in _WORKER_FIELDS}
+    return (_rebuild_worker_error, (self.original_type, _typed_str(self), fields, state))
+
+
+_WORKER_FIELDS = ("hook", "device", "item", "remote_traceback", "original_type")
+
+
+def worker_error_class(original: type) -> type | None:
+    """The class ``WorkerError[original]``: a :class:`WorkerError` that is also an instance
+    of ``original``, so ``except ValueError`` catches a ``ValueError`` raised in a hook.
+
+    Classes are made once per original type and cached. Returns None where no such class
+    can be made (a type that refuses subclasses, or whose instance layout clashes).
+    """
+    if original in _AS_TYPE:
+        return _AS_TYPE[original]
+    cls: type | None = None
+    if (
+        isinstance(original, type)
+        and issubclass(original, Exception)
+        and not issubclass(original, WorkerError)
+    ):
+        try:
+            cls = type(
+                f"WorkerError[{original.__qualname__}]",
+                (WorkerError, original),
+                {
+                    "__module__": __name__,
+                    "__str__": _typed_str,
+                    "__reduce__": _typed_reduce,
+                    "__doc__": f"A WorkerError that is also a {original.__qualname__}.",
+                },
+            )
+            # Instances are made without the user's __init__ (its arguments are unknown).
+            cls.__new__(cls)
+        except Exception:  # noqa: BLE001 - any refusal means: no typed class
+            cls = None
+    _AS_TYPE[original] = cls
+    return cls
+
+
+def worker_error_as(
+    original: type | None,
+    message: str,
+    hook: str = "",
+    device: str | None = None,
+    item: int | None = None,
+    remote_traceback: str = "",
+    state: dict | None = None,
+) -> WorkerError:
+    """A :class:`WorkerError` with ``message`` that is also an instance of ``original`` where
+    possible (see :func:`worker_error_class`), else a plain :class:`WorkerError`.
+
+    ``state`` (the original exception's attributes) is copied onto the new object, so
+    ``e.errno`` or a custom ``e.code`` still read as they did where the error was raised.
+    """
+    cls = worker_error_class(original) if original is not None else None
+    if cls is None:
+        return WorkerError(message, hook, device, item, remote_traceback)
+    exc = cls.__new__(cls)
+    exc.args = (message,)
+    for k, v in (state or {}).items():
+        try:
+            setattr(exc, k, v)
+        except Exception:  # noqa: BLE001 - a read-only attribute: skip it
+            pass
+    exc.hook = hook
+    exc.device = device
+    exc.item = item
+    exc.remote_traceback = remote_traceback
+    exc.original_type = original
+    return exc
 
 
 class WorkerDiedError(EasycoreError):
@@ -117,9 +248,12 @@ __all__ = [
     "QueueEmpty",
     "QueueFull",
     "RemoteTraceback",
+    "RunnerBusyError",
     "RunnerClosedError",
+    "RunnerTimeoutError",
     "SerializationError",
     "SharedMemoryError",
+    "StartMethodError",
     "WorkerDiedError",
     "WorkerError",
 ]

@@ -192,6 +192,70 @@ class EasycoreSystem(RunnerSystem):
         return mod.UnorderedRunner, mod.OrderedRunner
 
 
+class EasycoreImapSystem(EasycoreSystem):
+    """easycore's ``runner.imap`` with the consumer hooks in the caller's thread."""
+
+    key = "easycore_imap"
+
+    def label(self, job: Job) -> str:
+        return super().label(job) + ".imap"
+
+    @contextlib.contextmanager
+    def session(self, job: Job) -> Iterator[Call]:
+        runner = self.runner_class(job)(devices=list(job.devices))
+        try:
+            yield lambda data: run_consumer(job.hooks, runner.imap(data))
+        finally:
+            runner.close()
+
+
+def _pipe_worker(conn: Any, hooks: type, device: str) -> None:
+    """One worker on a Pipe: ``producer_work`` on each item received, until None."""
+    cfg = reference.make_cfg()
+    hooks.producer_init(device, cfg)
+    while True:
+        item = conn.recv()
+        if item is None:
+            break
+        conn.send(hooks.producer_work(device, cfg, item[0]))
+    hooks.producer_end(device, cfg)
+
+
+class PipeSystem(System):
+    """A bare ``multiprocessing.Pipe`` round trip per item to one worker (latency floor)."""
+
+    key = "pipe"
+
+    def label(self, job: Job) -> str:
+        return "multiprocessing.Pipe round trip, 1 worker"
+
+    def unavailable(self, job: Job) -> str | None:
+        if not getattr(job.hooks, "one_in_flight", False):
+            return "only for one-item-in-flight workloads (latency)"
+        return None
+
+    @contextlib.contextmanager
+    def session(self, job: Job) -> Iterator[Call]:
+        ctx = mp.get_context()
+        here, there = ctx.Pipe()
+        proc = ctx.Process(target=_pipe_worker, args=(there, job.hooks, job.devices[0]))
+        proc.start()
+
+        def results(data: Iterable[Any]) -> Iterator[Any]:
+            for x in data:
+                here.send((x,))
+                yield here.recv()
+
+        try:
+            yield lambda data: run_consumer(job.hooks, results(data))
+        finally:
+            here.send(None)
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
 class ReferenceSystem(RunnerSystem):
     """The pure-Python reference runner (the original design on ``multiprocessing.Queue``)."""
 
@@ -379,6 +443,8 @@ for _s in (
     DataLoaderSystem(),
 ):
     register_system(_s)
+register_system(EasycoreImapSystem())
+register_system(PipeSystem())
 
 
 # ---------------------------------------------------------------------------------------

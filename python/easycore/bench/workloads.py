@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import itertools
+import queue
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,40 @@ class SquareSumHooks(BaseHooks):
     @staticmethod
     def consumer_end(cfg: Any) -> Any:
         return (cfg.count, cfg.total)
+
+
+_FEEDBACK: queue.SimpleQueue = queue.SimpleQueue()
+"""Results reached ``consumer_work`` (latency workload): the input waits on it."""
+FEEDBACK_TIMEOUT_S = 5.0
+
+
+class LatencyHooks(SquareSumHooks):
+    """``x * x``, one item in flight: each result reaching ``consumer_work`` releases the
+    next input item (a request/response loop; see :func:`feedback_data`)."""
+
+    one_in_flight = True  # systems that only make sense for this workload check this
+
+    @staticmethod
+    def consumer_work(cfg: Any, data: Any) -> None:
+        cfg.count += 1
+        cfg.total += data
+        _FEEDBACK.put(None)
+
+
+def feedback_data(n: int) -> Iterable[int]:
+    """``range(n)``, where item ``i + 1`` is released only once result ``i`` reached
+    ``consumer_work``. A system that waits to fill a batch before sending never gets it:
+    after ``FEEDBACK_TIMEOUT_S`` the input raises ``queue.Empty`` and the system fails."""
+    global _FEEDBACK
+    fb = _FEEDBACK = queue.SimpleQueue()
+
+    def gen() -> Iterable[int]:
+        for i in range(n):
+            if i:
+                fb.get(timeout=FEEDBACK_TIMEOUT_S)
+            yield i
+
+    return gen()
 
 
 class SquareHashHooks(SquareSumHooks):
@@ -386,6 +421,18 @@ for _w in (
         expected=expected_predictions,
         needs_torch=True,
         compare=compare_predictions,
+    ),
+    Workload(
+        "latency",
+        "latency: one item in flight, item i+1 released when result i reached "
+        "consumer_work (round trips/s; 1e6 / figure = µs per round trip)",
+        LatencyHooks,
+        ordered=False,
+        unit="items/s",
+        items=3000,
+        quick_items=500,
+        make_data=feedback_data,
+        expected=expected_square_sum,
     ),
     Workload(
         "startup",

@@ -2,8 +2,18 @@
 
 Subclass :class:`UnorderedRunner` or :class:`OrderedRunner`, override the static hooks, and
 call the runner on any iterable. See the README's architecture section for the data path.
+Inside producer hooks, :func:`worker_info` says which producer runs (index, number of
+producers, device, seed).
 """
 
 from easycore.common.parallel.engine import BaseRunner, OrderedRunner, RunnerStats, UnorderedRunner
+from easycore.common.parallel.worker import WorkerInfo, worker_info
 
-__all__ = ["BaseRunner", "OrderedRunner", "RunnerStats", "UnorderedRunner"]
+__all__ = [
+    "BaseRunner",
+    "OrderedRunner",
+    "RunnerStats",
+    "UnorderedRunner",
+    "WorkerInfo",
+    "worker_info",
+]

@@ -82,3 +82,19 @@ def choose_start_method(requested: str | None, devices: list[str]) -> str:
     if threading.active_count() > 1:
         return "spawn"
     return "fork"
+
+
+def start_method_reason(requested: str | None, devices: list[str], method: str) -> str:
+    """Why ``method`` was chosen, in words (shown in the runner's repr and in errors)."""
+    if requested is not None:
+        return "asked for with start_method="
+    if uses_gpu(devices):
+        return "a GPU device is used (CUDA does not survive fork)"
+    if not sys.platform.startswith("linux"):
+        return f"fork is not the safe default on {sys.platform}"
+    if method == "spawn":
+        return (
+            f"{threading.active_count()} threads were running when the runner was made "
+            "(forking a process with threads can deadlock the child)"
+        )
+    return "the default on Linux for CPU-only runners made while one thread runs"

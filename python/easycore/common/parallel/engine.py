@@ -1,20 +1,27 @@
 """The runners: producer processes fed through the Rust shared-memory queues, a consumer
-thread, and the dispatcher in the caller's thread.
+thread, and the dispatcher that feeds them.
 
 Data path of one call (``runner(data)``)::
 
-    caller thread: data ─▶ batches ─▶ pickle ─▶ [input Queue] ─▶ producers: producer_work
+    input ─▶ [reader] ─▶ batches ─▶ pickle ─▶ [input Queue] ─▶ producers: producer_work
     consumer thread: consumer_work ◀─ [ReorderBuffer] ◀─ unpickle ◀─ [output Queue] ◀─┘
 
-* The dispatcher reads the input lazily and never has more than ``window`` items in flight
-  (dispatched and not yet handed to ``consumer_work``), so memory stays bounded whatever the
-  input's length and however slow one producer is.
-* Items travel in batches whose size adapts to the producers' measured time per item (about
-  4 ms of work per batch), so tiny items cost little per item and slow items still spread
-  evenly over the producers.
-* Every message carries the call number: results of an aborted call are dropped by later
-  ones, so a runner stays usable after an error in a hook, an interrupted call, or an
-  abandoned ``imap``. A dead producer closes the runner (``activate()`` restarts it).
+* One thread receives results (the consumer thread, or the caller's thread for ``imap``) and
+  also sends the input, whenever it runs: nothing waits to fill a batch. A ``range``, list
+  or tuple is sliced in place. Any other iterable is read by a helper thread
+  ("easycore-input") into a buffer bounded by the window: the sender takes whatever is
+  there, so fast inputs travel in large batches and a slow or feedback input (item i+1
+  exists only once result i arrived) is sent item by item, at once. When nothing is in
+  flight and the receiver sleeps, the reader sends a new item itself; otherwise it wakes
+  the receiver with a ``WAKE`` message on the output queue.
+* At most ``window`` items are in flight (read and not yet handed to ``consumer_work``), so
+  memory stays bounded whatever the input's length and however slow one producer is.
+* Batch sizes adapt to the producers' measured time per item (about 4 ms of work per batch).
+* Every message carries the call number: results, errors and wake-ups of an aborted call are
+  dropped by later ones, so a runner stays usable after an error in a hook, an input that
+  raises, or an abandoned ``imap``. One call runs at a time (see :meth:`BaseRunner.__call__`).
+* A dead producer, Ctrl-C, a call's timeout or SIGTERM close the runner: producers busy in
+  ``producer_work`` are interrupted (SIGUSR1), then stopped; ``activate()`` restarts them.
 """
 
 from __future__ import annotations
@@ -24,7 +31,9 @@ import copy
 import itertools
 import multiprocessing
 import os
+import pickle
 import signal
+import sys
 import threading
 import time
 import weakref
@@ -34,9 +43,14 @@ from typing import Any
 
 from easycore._core import Queue, ReorderBuffer, shm_space, sweep_stale_segments
 from easycore.common.parallel import wire
-from easycore.common.parallel.devices import choose_start_method, parse_devices
+from easycore.common.parallel import worker as _worker
+from easycore.common.parallel.devices import (
+    choose_start_method,
+    parse_devices,
+    start_method_reason,
+)
 from easycore.common.parallel.hooks import RunnerHooks
-from easycore.common.parallel.worker import producer_main
+from easycore.common.parallel.worker import producer_main, safe_str
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -44,16 +58,27 @@ from easycore.errors import (
     QueueEmpty,
     QueueFull,
     RemoteTraceback,
+    RunnerBusyError,
     RunnerClosedError,
+    RunnerTimeoutError,
     SerializationError,
+    SharedMemoryError,
+    StartMethodError,
     WorkerDiedError,
     WorkerError,
+    worker_error_as,
 )
 
 _TICK = 0.1  # seconds between health checks while blocked
 _TARGET_BATCH_S = 0.004  # producer work per message the batching aims at
 _MAX_BATCH_BYTES = 1 << 20  # do not grow batches of large items past this
 _START_TIMEOUT = 600.0  # a producer_init taking longer than this is reported as stuck
+_RING_IN = 4 << 20  # ring bytes of the input queue (larger items use side segments)
+_RING_OUT = 8 << 20  # ring bytes of the output queue
+_INTERRUPT_GRACE_S = 2.0  # after an interrupt, time left for producer_end before a kill
+_UNGUARDED_MAIN_EXIT = 87  # exit code of a spawned child that re-ran an unguarded script
+_SEQUENCES = (range, list, tuple)  # inputs sliced in place: reading them never blocks
+_NOT_TYPED = (StopIteration, StopAsyncIteration, GeneratorExit)  # never re-raised as such
 
 
 def _to_cfg(cfg: Any) -> Any:
@@ -78,7 +103,8 @@ def _signal_name(code: int) -> str:
 
 @dataclass
 class RunnerStats:
-    """What the last call moved and where the time went.
+    """What the last call moved and where the time went (also for a call that stopped
+    early: an abandoned ``imap``, an error).
 
     Attributes:
         items: items delivered.
@@ -90,9 +116,11 @@ class RunnerStats:
             ``producer_work`` during the call.
         producer_wait_s: per producer, seconds blocked on the queues during the call
             (waiting for input or for room for results).
-        dispatch_wait_s: seconds the caller's thread waited for room (window or queue).
-        consumer_wait_s: seconds the consumer waited for results.
+        dispatch_wait_s: seconds the sender waited for room in the input queue.
+        consumer_wait_s: seconds the receiving thread waited for results.
         consumer_busy_s: seconds spent in ``consumer_work`` (0 for ``imap``).
+        input_wait_s: seconds nothing was in flight while the receiving thread waited for
+            the input iterable to yield (the input was the bottleneck then).
     """
 
     items: int = 0
@@ -105,6 +133,7 @@ class RunnerStats:
     dispatch_wait_s: float = 0.0
     consumer_wait_s: float = 0.0
     consumer_busy_s: float = 0.0
+    input_wait_s: float = 0.0
 
     def bottleneck(self) -> str:
         """A one-line reading of the figures: who waited on whom."""
@@ -117,22 +146,47 @@ class RunnerStats:
             return f"producers ({util:.0%} busy): add devices or make producer_work cheaper"
         if self.consumer_busy_s > 0.5 * self.wall_s:
             return "the consumer: make consumer_work cheaper"
-        if self.dispatch_wait_s < 0.1 * self.wall_s and util < 0.5:
-            return "the input: the data iterable (or pickling items) is slow"
+        if self.input_wait_s > 0.3 * self.wall_s:
+            return (
+                f"the input: the data iterable yields items slowly (nothing was in flight "
+                f"for {self.input_wait_s / self.wall_s:.0%} of the call)"
+            )
+        if self.items and util < 0.5:
+            per_item_us = 1e6 * busy / self.items
+            return (
+                f"per-item overhead: each item takes {per_item_us:.1f} µs of producer_work, "
+                f"so the runner's own cost per item (pickling, queues, the receiving thread) "
+                f"sets the pace and the producers are {util:.0%} busy; give each item more "
+                "work (e.g. pass batches of items) to use them fully"
+            )
         return f"balanced (producers {util:.0%} busy)"
+
+
+_LIVE_WORKERS: set[_Workers] = set()  # not yet shut down; stopped at exit and on SIGTERM
 
 
 class _Workers:
     """The processes and queues of an active runner; closes them without a runner reference
-    (so it can run from a finalizer or at exit)."""
+    (so it can run from a finalizer, at exit or from a signal handler)."""
 
-    def __init__(self, procs: list, devices: list[str], in_q: Queue, out_q: Queue) -> None:
+    def __init__(
+        self, procs: list, devices: list[str], in_q: Queue, out_q: Queue, state: Any
+    ) -> None:
         self.procs = procs
         self.devices = devices
         self.in_q = in_q
         self.out_q = out_q
+        self.state = state
+        self.view = memoryview(state).cast("B").cast("q")
         self.closed = False
         self.end_errors: list[dict] = []
+        self.owner_pid = os.getpid()
+        self.out_budget = out_q.ring_size  # bytes of results the output queue may hold
+        _LIVE_WORKERS.add(self)
+
+    def mine(self) -> bool:
+        """Whether this process made the producers (a forked child must not touch them)."""
+        return os.getpid() == self.owner_pid
 
     def dead(self) -> WorkerDiedError | None:
         """An error describing the first producer that died, if any."""
@@ -162,13 +216,63 @@ class _Workers:
         except (QueueEmpty, QueueClosed):
             pass
 
-    def shutdown(self, timeout: float = 10.0) -> None:
-        """Stops the producers (``producer_end`` runs), then kills what does not stop."""
+    def interrupt(self) -> None:
+        """Makes every producer drop the batch it is working on (SIGUSR1; a producer only
+        obeys it for calls below the ``abort_below`` word, set here past every call)."""
+        self.view[len(self.view) - 1] = 1 << 62
+        for p in self.procs:
+            if p.pid and p.exitcode is None:
+                try:
+                    os.kill(p.pid, _worker.INTERRUPT_SIGNAL)
+                except OSError:
+                    pass
+
+    def kill_now(self) -> None:
+        """Kills every producer and releases the queues at once (second Ctrl-C, exit)."""
+        if not self.mine():
+            return
+        self.closed = True
+        for p in self.procs:
+            if p.exitcode is None:
+                try:
+                    p.kill()
+                except (OSError, AttributeError):
+                    pass
+        self._release()
+        for p in self.procs:
+            try:
+                p.join(2.0)
+            except AssertionError:
+                pass
+        _LIVE_WORKERS.discard(self)
+
+    def _release(self) -> None:
+        self.in_q.close()
+        self.out_q.close()
+        # Normally already unlinked once the producers attached; not after a failed start.
+        self.in_q.unlink()
+        self.out_q.unlink()
+
+    def shutdown(self, timeout: float = 10.0, interrupt: bool = False) -> None:
+        """Stops the producers (``producer_end`` runs), then kills what does not stop.
+
+        With ``interrupt``, producers busy in ``producer_work`` drop their batch first and
+        ``producer_end`` gets at most a short grace. A KeyboardInterrupt while waiting kills
+        every producer at once and is re-raised: a second Ctrl-C always ends it.
+        """
         if self.closed:
             return
         self.closed = True
-        if os.getpid() != getattr(self, "_owner_pid", os.getpid()):
+        if not self.mine():
             return
+        try:
+            self._stop(timeout, interrupt)
+        except BaseException:
+            self.kill_now()
+            raise
+        _LIVE_WORKERS.discard(self)
+
+    def _stop(self, timeout: float, interrupt: bool) -> None:
         codec = wire.Codec()
         self.drain_input()
         alive = [p for p in self.procs if p.is_alive()]
@@ -177,6 +281,9 @@ class _Workers:
                 self.in_q.put(0, wire.STOP, [b""], timeout=1.0)
             except (QueueFull, QueueClosed):
                 break
+        if interrupt:
+            self.interrupt()
+            timeout = min(timeout, _INTERRUPT_GRACE_S)
         deadline = time.monotonic() + timeout
         byes = 0
         while byes < len(alive) and time.monotonic() < deadline:
@@ -194,11 +301,7 @@ class _Workers:
                     _, err = codec.loads(parts)
                     if err is not None:
                         self.end_errors.append(err)
-        self.in_q.close()
-        self.out_q.close()
-        # Normally already unlinked once the producers attached; not after a failed start.
-        self.in_q.unlink()
-        self.out_q.unlink()
+        self._release()
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
@@ -215,19 +318,83 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 @atexit.register
 def _close_all_at_exit() -> None:
     # Registered after multiprocessing's own exit hook, so it runs first: producers are
-    # stopped before multiprocessing joins its children.
+    # stopped before multiprocessing joins its children (which would wait forever on one
+    # stuck in producer_end after an interrupted close()).
     for r in list(_LIVE):
         try:
             r.close()
-        except Exception:  # noqa: BLE001 - nothing useful to do at exit
+        except BaseException:  # noqa: BLE001 - nothing useful to do at exit
             pass
+    for w in list(_LIVE_WORKERS):
+        w.kill_now()
+
+
+_SIGTERM_PREVIOUS: Any = None
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    """SIGTERM to the caller: stop every runner's producers and release their shared
+    memory, then die of SIGTERM as the previous (default) disposition would have."""
+    for w in list(_LIVE_WORKERS):
+        try:
+            w.shutdown(_INTERRUPT_GRACE_S, interrupt=True)
+        except BaseException:  # noqa: BLE001 - dying anyway; kill what is left
+            w.kill_now()
+    previous = _SIGTERM_PREVIOUS
+    if callable(previous):
+        previous(signum, frame)
+        return
+    signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_sigterm_handler() -> None:
+    """Installs :func:`_on_sigterm` once, from the main thread, and only where SIGTERM still
+    has its default disposition (a handler of the user's, or SIG_IGN, is left alone)."""
+    global _SIGTERM_PREVIOUS
+    if threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        current = signal.getsignal(signal.SIGTERM)
+    except (ValueError, OSError):
+        return
+    if current is _on_sigterm or current is not signal.SIG_DFL:
+        return
+    _SIGTERM_PREVIOUS = current
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _random_seed() -> int:
+    return int.from_bytes(os.urandom(4), "little")
+
+
+def _spawned_child_bootstrapping() -> bool:
+    """Whether this process is a spawn/forkserver child still importing the main script
+    (so the script runs its runner-making code again: no ``__main__`` guard)."""
+    proc = multiprocessing.process.current_process()
+    return bool(getattr(proc, "_inheriting", False))
+
+
+def _unpicklable_cfg_key(cfg: Any) -> str:
+    """Names the first key of cfg whose value cannot be pickled."""
+    for k, v in cfg.items():
+        try:
+            pickle.dumps(v)
+        except Exception as e:  # noqa: BLE001 - describing the failure
+            if isinstance(v, dict):
+                inner = _unpicklable_cfg_key(v)
+                if inner:
+                    return f"{k}.{inner}"
+            return f"{k} (an object of type {type(v).__qualname__}: {e})"
+    return ""
 
 
 class BaseRunner(RunnerHooks):
     """A multi-process runner: one producer process per device, one consumer thread.
 
     Subclass :class:`UnorderedRunner` or :class:`OrderedRunner` and override the six static
-    hooks. The runner is active (its processes started) after construction.
+    hooks. The runner is active (its processes started) after construction. Inside the
+    producer hooks, :func:`~easycore.common.parallel.worker_info` tells which producer runs.
 
     Args:
         devices (int or Iterable): an int ``n`` uses ``n`` ``"cpu"`` producers; an iterable
@@ -239,13 +406,17 @@ class BaseRunner(RunnerHooks):
             flight (``window``) with ``len(devices) * queue_scale``.
         start_method (str, optional): ``"fork"``, ``"spawn"`` or ``"forkserver"``. By default
             ``"fork"`` on Linux for CPU-only runners created while a single thread runs, else
-            ``"spawn"``; GPU devices always use ``"spawn"``. Under spawn and forkserver the
-            runner class must be importable (define it at module level; create the runner
-            under ``if __name__ == "__main__":``).
+            ``"spawn"`` (the runner's repr says which, and why); GPU devices always use
+            ``"spawn"``. Under spawn and forkserver the runner class must be importable
+            (define it at module level; create the runner under
+            ``if __name__ == "__main__":``) and ``cfg`` picklable.
         window (int, optional): most items in flight at once; default
             ``max(16, int(256 * len(devices) * queue_scale))``.
         close_timeout (float): seconds ``close()`` waits for ``producer_end`` before it
             terminates a producer.
+        seed (int, optional): producer ``i`` seeds ``random``, numpy and torch (those it has
+            imported) with ``seed + i`` before ``producer_init``; default: a random base, so
+            producers always draw different random streams.
     """
 
     _ordered = False
@@ -260,17 +431,23 @@ class BaseRunner(RunnerHooks):
         start_method: str | None = None,
         window: int | None = None,
         close_timeout: float = 10.0,
+        seed: int | None = None,
     ) -> None:
+        self._owner_pid = os.getpid()
         self._devices = parse_devices(devices)
         self._cfg = _to_cfg(cfg)
         if not queue_scale > 0:
             raise InvalidArgument(f"queue_scale must be positive, got {queue_scale!r}")
         self._queue_scale = float(queue_scale)
         self._start_method = choose_start_method(start_method, self._devices)
+        self._start_reason = start_method_reason(start_method, self._devices, self._start_method)
         n = len(self._devices)
         self._window = int(window) if window else max(16, int(256 * n * self._queue_scale))
         if self._window < 1:
             raise InvalidArgument(f"window must be at least 1, got {window!r}")
+        if seed is not None and not isinstance(seed, int):
+            raise InvalidArgument(f"seed must be an int or None, got {seed!r}")
+        self._seed = _random_seed() if seed is None else int(seed)
         self._close_timeout = close_timeout
         self._workers: _Workers | None = None
         self._finalizer: weakref.finalize | None = None
@@ -278,7 +455,10 @@ class BaseRunner(RunnerHooks):
         self._cost_per_item = 0.0  # producer seconds per item, learned across calls
         self._out_bytes_per_item = 0.0  # pickled result bytes per item, likewise
         self._lock = threading.Lock()
+        self._call_cond = threading.Condition()
+        self._active_call: _Call | None = None
         self.stats = RunnerStats()
+        _install_sigterm_handler()
         self.activate()
 
     # ----- hooks of the flavours -----
@@ -310,6 +490,11 @@ class BaseRunner(RunnerHooks):
         """str: how producer processes are started."""
         return self._start_method
 
+    @property
+    def seed(self) -> int:
+        """int: the base seed; producer ``i`` uses ``seed + i``."""
+        return self._seed
+
     def _queue_sizes(self) -> tuple[int, int]:
         scale = len(self._devices) * self._queue_scale
         want_in = int(min(256 << 20, max(4 << 20, (4 << 20) * scale)))
@@ -323,36 +508,119 @@ class BaseRunner(RunnerHooks):
             want_out = max(1 << 20, min(want_out, free // 6))
         return want_in, want_out
 
+    def _check_owner(self) -> None:
+        if os.getpid() != self._owner_pid:
+            raise RunnerBusyError(
+                f"this {type(self).__name__} belongs to process {self._owner_pid}, which made "
+                f"it; process {os.getpid()} (a forked child) cannot use it. Make a new runner "
+                "in this process; the parent's runner is unaffected"
+            )
+
+    def _spawn_hint(self) -> str:
+        return (
+            f"The start method is {self._start_method!r} ({self._start_reason}); "
+            "start_method='fork' avoids pickling and re-importing, on Linux with CPU devices"
+        )
+
+    def _check_spawnable(self) -> None:
+        """Under spawn/forkserver, fails early and clearly where starting would fail."""
+        if _spawned_child_bootstrapping():
+            msg = (
+                f"easycore: a {type(self).__name__} was created while a {self._start_method} "
+                "child process was importing the main script: the script makes runners at "
+                'import time. Put that code under `if __name__ == "__main__":`. '
+                f"{self._spawn_hint()}\n"
+            )
+            sys.stderr.write(msg)
+            sys.stderr.flush()
+            os._exit(_UNGUARDED_MAIN_EXIT)
+        if self._start_method == "fork":
+            return
+        cls = type(self)
+        try:
+            pickle.dumps(cls)
+        except Exception as e:  # noqa: BLE001 - explained below
+            where = (
+                "is defined inside a function"
+                if "<locals>" in cls.__qualname__
+                else "cannot be imported by name"
+            )
+            raise StartMethodError(
+                f"the runner class {cls.__module__}.{cls.__qualname__} {where}, so producer "
+                "processes cannot import it: define it at module level (in the main script "
+                f"or a module). {self._spawn_hint()}. ({type(e).__name__}: {e})"
+            ) from None
+        try:
+            pickle.dumps(self._cfg)
+        except Exception as e:  # noqa: BLE001 - explained below
+            key = _unpicklable_cfg_key(self._cfg) or "?"
+            raise StartMethodError(
+                f"cfg cannot be sent to the producer processes: cfg.{key} cannot be pickled. "
+                "Keep only picklable values in cfg (build objects such as models or open "
+                f"files in producer_init). {self._spawn_hint()}. ({type(e).__name__}: {e})"
+            ) from None
+
     def activate(self) -> None:
         """Restart all processes if this runner is closed (a no-op while active)."""
+        self._check_owner()
         with self._lock:
             if self.is_activate:
                 return
+            self._check_spawnable()
             sweep_stale_segments()
             in_bytes, out_bytes = self._queue_sizes()
-            max_msgs = max(64, self._window + 4 * len(self._devices))
+            n = len(self._devices)
+            max_msgs = max(64, self._window + 4 * n)
             # Large items and results travel zero-copy in pooled segments (at most twice the
             # ring's bytes by default): /dev/shm use stays within 3 * (in_bytes + out_bytes).
-            in_q = Queue(capacity_bytes=in_bytes, max_messages=max_msgs)
-            out_q = Queue(capacity_bytes=out_bytes, max_messages=max_msgs)
+            # The rings only hold small messages (larger ones go to side segments within the
+            # side budget), and their space is committed and touched at creation: small
+            # rings start in a few ms where rings of the full budget took ~70 ms.
+            in_q = Queue(
+                capacity_bytes=min(in_bytes, _RING_IN),
+                max_messages=max_msgs,
+                side_budget=in_bytes,
+            )
+            out_q = Queue(
+                capacity_bytes=min(out_bytes, _RING_OUT),
+                max_messages=max_msgs,
+                side_budget=out_bytes,
+            )
             ctx = self._start_context(self._start_method)
-            setup = self._producer_setup(len(self._devices))
-            procs = []
-            workers = _Workers(procs, self._devices, in_q, out_q)
-            workers._owner_pid = os.getpid()
+            state = ctx.RawArray("q", _worker.state_size(n))
+            for i in range(n):
+                state[_worker.STATE_FIELDS * i + _worker.ITEM] = -1
+            setup = self._producer_setup(n)
+            procs: list = []
+            workers = _Workers(procs, self._devices, in_q, out_q, state)
+            workers.out_budget = out_bytes
+            pdeathsig = threading.current_thread() is threading.main_thread()
             try:
                 for i, dev in enumerate(self._devices):
+                    opts = {
+                        "n": n,
+                        "seed": self._seed,
+                        "start_method": self._start_method,
+                        "pdeathsig": pdeathsig,
+                        "state": state,
+                    }
                     p = ctx.Process(
                         target=producer_main,
-                        args=(type(self), i, dev, self._cfg, in_q, out_q, os.getpid(), setup),
+                        args=(type(self), i, dev, self._cfg, in_q, out_q, os.getpid(), setup, opts),
                         name=f"easycore-producer-{i}-{dev}",
                         daemon=False,
                     )
-                    p.start()
+                    try:
+                        p.start()
+                    except (pickle.PicklingError, AttributeError, TypeError) as e:
+                        raise StartMethodError(
+                            f"producer {i} could not be started: its arguments cannot be "
+                            f"pickled ({type(e).__name__}: {e}). {self._spawn_hint()}"
+                        ) from e
                     procs.append(p)
                 self._await_ready(workers)
             except BaseException:
-                workers.shutdown(timeout=2.0)
+                workers.shutdown(timeout=2.0, interrupt=True)
                 raise
             # Every producer has attached: the names can go, so nothing leaks even on SIGKILL.
             in_q.unlink()
@@ -371,15 +639,7 @@ class BaseRunner(RunnerHooks):
             except QueueEmpty:
                 died = workers.dead()
                 if died is not None:
-                    raise WorkerDiedError(
-                        str(died).replace(
-                            "The runner was closed; call activate() to restart it",
-                            "It died while starting (in producer_init or before).",
-                        ),
-                        pid=died.pid,
-                        device=died.device,
-                        exitcode=died.exitcode,
-                    ) from None
+                    raise self._start_death(died) from None
                 if time.monotonic() > deadline:
                     raise EasycoreError(
                         f"producers did not finish producer_init within {_START_TIMEOUT:.0f} s"
@@ -392,12 +652,37 @@ class BaseRunner(RunnerHooks):
                 elif t == wire.ERROR:
                     raise _worker_error(codec.loads(parts))
 
+    def _start_death(self, died: WorkerDiedError) -> EasycoreError:
+        """The error for a producer that died before it was ready."""
+        if self._start_method != "fork" and died.exitcode == _UNGUARDED_MAIN_EXIT:
+            return StartMethodError(
+                f"producer processes re-ran the main script and it made a runner again: "
+                'the script has no `if __name__ == "__main__":` guard. Put the code that '
+                f"makes and calls runners under that guard. {self._spawn_hint()}"
+            )
+        msg = str(died).replace(
+            "The runner was closed; call activate() to restart it",
+            "It died while starting (in producer_init or before).",
+        )
+        if self._start_method != "fork" and died.exitcode == 1:
+            msg += (
+                " Under spawn this is often the main script failing when the producer "
+                "re-imports it (see the producer's traceback above): keep work under "
+                f'`if __name__ == "__main__":`. {self._spawn_hint()}'
+            )
+        return WorkerDiedError(msg, pid=died.pid, device=died.device, exitcode=died.exitcode)
+
     def close(self) -> None:
         """Shutdown all processes if this runner is alive (``producer_end`` runs in each).
 
         Closing twice is harmless. Errors raised by ``producer_end`` are reported as a
-        :class:`~easycore.errors.WorkerError` after every process has stopped.
+        :class:`~easycore.errors.WorkerError` after every process has stopped. Ctrl-C while
+        ``close()`` waits kills the producers at once. In a forked child the parent's runner
+        is left alone.
         """
+        self._shutdown(interrupt=False)
+
+    def _shutdown(self, interrupt: bool) -> None:
         with self._lock:
             workers, self._workers = self._workers, None
             if self._finalizer is not None:
@@ -406,7 +691,7 @@ class BaseRunner(RunnerHooks):
             _LIVE.discard(self)
         if workers is None or workers.closed:
             return
-        workers.shutdown(self._close_timeout)
+        workers.shutdown(self._close_timeout, interrupt=interrupt)
         if workers.end_errors:
             raise _worker_error(workers.end_errors[0])
 
@@ -418,9 +703,10 @@ class BaseRunner(RunnerHooks):
 
     def __repr__(self) -> str:
         state = "active" if self.is_activate else "closed"
+        reason = "" if self._start_method == "fork" else f" ({self._start_reason})"
         return (
             f"<{type(self).__name__} devices={self._devices} start_method="
-            f"{self._start_method!r} {state}>"
+            f"{self._start_method!r}{reason} {state}>"
         )
 
     def __getstate__(self) -> None:
@@ -430,6 +716,7 @@ class BaseRunner(RunnerHooks):
         )
 
     def _active_workers(self) -> _Workers:
+        self._check_owner()
         w = self._workers
         if w is None or w.closed:
             raise RunnerClosedError(
@@ -437,38 +724,96 @@ class BaseRunner(RunnerHooks):
             )
         return w
 
+    # ----- one call at a time -----
+
+    def _begin(self, call: _Call, timeout: float | None) -> None:
+        """Makes ``call`` the running call. Waits for a call of another thread to end;
+        raises :class:`RunnerBusyError` at once where waiting could never end."""
+        me = threading.current_thread()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._call_cond:
+            while self._active_call is not None:
+                active = self._active_call
+                if any(t is me for t in active.threads):
+                    where = (
+                        "from inside the running call (a consumer hook, or its input iterable)"
+                        if me is not active.threads[0]
+                        else "while an imap of it is still open in this thread"
+                    )
+                    raise RunnerBusyError(
+                        f"this {type(self).__name__} runs one call at a time and a call was "
+                        f"made {where}: it would wait on itself. Finish or close() the open "
+                        "imap first, or use a second runner"
+                    )
+                if active.is_imap:
+                    raise RunnerBusyError(
+                        f"an imap of this {type(self).__name__} is open in another thread; "
+                        "a runner runs one call at a time: finish or close() that imap first, "
+                        "or use a second runner"
+                    )
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise RunnerTimeoutError(
+                        f"timeout={timeout} s ran out while waiting for another thread's call "
+                        "on this runner to finish",
+                        timeout=timeout or 0.0,
+                    )
+                self._call_cond.wait(left)
+            self._active_call = call
+
+    def _end(self, call: _Call) -> None:
+        with self._call_cond:
+            if self._active_call is call:
+                self._active_call = None
+                self._call_cond.notify_all()
+
     # ----- calls -----
 
-    def __call__(self, data_iter: Iterable[Any], progress: bool = False) -> Any:
+    def __call__(
+        self, data_iter: Iterable[Any], progress: bool = False, timeout: float | None = None
+    ) -> Any:
         """Runs every item of ``data_iter`` through the producers and the consumer.
 
+        A runner runs one call at a time: a call from another thread waits for the running
+        one; a call that would wait on itself (from inside ``consumer_work``, or while an
+        ``imap`` of the runner is open) raises :class:`~easycore.errors.RunnerBusyError`.
+
         Args:
-            data_iter (Iterable): iterator of data; read lazily, item by item.
+            data_iter (Iterable): iterator of data; read lazily (a ``range``, list or tuple
+                in place, any other iterable by a helper thread that keeps at most
+                ``window`` items ahead).
             progress (bool): show a tqdm progress bar (with a total when ``data_iter`` has a
                 length).
+            timeout (float, optional): seconds to wait for the next result while items are
+                in flight; when it runs out, :class:`~easycore.errors.RunnerTimeoutError`
+                (a ``TimeoutError``) names the stuck item and producer, and the runner is
+                closed (``activate()`` restarts it).
 
         Returns:
             Any: result (the value ``consumer_end`` returns)
         """
-        call = _Call(self, data_iter, progress)
+        call = _Call(self, data_iter, progress, timeout, is_imap=False)
         return call.run_with_consumer()
 
-    def imap(self, data_iter: Iterable[Any], progress: bool = False) -> Iterator[Any]:
+    def imap(
+        self, data_iter: Iterable[Any], progress: bool = False, timeout: float | None = None
+    ) -> Iterator[Any]:
         """Yields the producers' results in the caller's thread, without the consumer hooks.
 
         ``OrderedRunner`` yields in input order, ``UnorderedRunner`` as results arrive. The
-        input is read lazily and at most ``window`` items are in flight. Stopping early
-        (``break``, or closing the generator) leaves the runner usable.
+        input is read lazily and at most ``window`` items are in flight. The call starts at
+        the first ``next()`` and holds the runner until the iterator is exhausted or closed;
+        stopping early (``break``, or closing the generator) leaves the runner usable.
 
         Args:
             data_iter (Iterable): iterator of data.
             progress (bool): show a tqdm progress bar.
+            timeout (float, optional): as for :meth:`__call__`.
 
         Yields:
             Any: what ``producer_work`` returned for each item.
         """
-        call = _Call(self, data_iter, progress)
-        return call.iterate()
+        return _Call(self, data_iter, progress, timeout, is_imap=True).iterate()
 
 
 def _ema(prev: float, x: float) -> float:
@@ -476,77 +821,200 @@ def _ema(prev: float, x: float) -> float:
     return x if prev <= 0 else 0.7 * prev + 0.3 * x
 
 
+def _loads_or_none(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return pickle.loads(data)
+    except Exception:  # noqa: BLE001 - the type or state is not importable here
+        return None
+
+
 def _worker_error(err: dict) -> EasycoreError:
-    """The exception for an error report sent by a producer."""
+    """The exception for an error report sent by a producer: a WorkerError that is also an
+    instance of the original exception's type where that type can be rebuilt here."""
     where = f"in {err['hook']} on device {err['device']!r}"
     if err.get("item") is not None:
         where += f" (item {err['item']})"
-    if err.get("kind") == "pickle_result":
+    kind = err.get("kind")
+    if kind == "pickle_result":
         exc: EasycoreError = SerializationError(f"{err['message']} ({where})")
-    elif err.get("kind") == "unpickle_item":
+    elif kind == "unpickle_item":
         exc = SerializationError(f"an item could not be unpickled {where}: {err['message']}")
+    elif kind == "shared_memory":
+        exc = SharedMemoryError(
+            f"a result could not be put in shared memory {where}: {err['message']}. "
+            "The runner stays usable; make results smaller, lower queue_scale, or free "
+            "/dev/shm"
+        )
     else:
-        exc = WorkerError(
+        original = _loads_or_none(err.get("type"))
+        if not isinstance(original, type) or issubclass(original, _NOT_TYPED):
+            original = None
+        exc = worker_error_as(
+            original,
             f"{err['message']} — raised {where}",
             hook=err["hook"],
             device=err["device"],
             item=err.get("item"),
             remote_traceback=err.get("traceback", ""),
+            state=_loads_or_none(err.get("state")),
         )
     exc.__cause__ = RemoteTraceback(err.get("traceback", ""))
     return exc
 
 
 class _Call:
-    """The state of one call: dispatching, receiving, ordering, accounting, clean-up."""
+    """The state of one call: reading, sending, receiving, ordering, accounting, clean-up."""
 
-    def __init__(self, runner: BaseRunner, data_iter: Iterable[Any], progress: bool) -> None:
+    def __init__(
+        self,
+        runner: BaseRunner,
+        data_iter: Iterable[Any],
+        progress: bool,
+        timeout: float | None,
+        is_imap: bool,
+    ) -> None:
+        if timeout is not None and not timeout > 0:
+            raise InvalidArgument(f"timeout must be positive or None, got {timeout!r}")
         self.runner = runner
         self.workers = runner._active_workers()
         self.codec = runner._codec()
         self.call = next(runner._calls)
         self.kind_work = wire.pack_kind(wire.WORK, self.call)
+        self.is_imap = is_imap
+        self.timeout = timeout
+        # Threads taking part (the first one made the call). Thread objects, not idents: an
+        # ident is reused as soon as its thread ends.
+        self.threads: list[threading.Thread] = []
         try:
             self.total = len(data_iter)  # type: ignore[arg-type]
         except TypeError:
             self.total = None
-        self.it = iter(data_iter)
+        self.seq_data = data_iter if type(data_iter) in _SEQUENCES else None
+        self.it = None if self.seq_data is not None else iter(data_iter)
+        self.pos = 0  # next index of seq_data to send
+        # Items read from self.it, not yet sent. The reader only appends and the sender only
+        # removes a prefix (each one atomic under the GIL), so no lock is needed.
+        self.buf: list = []
+        self.reader: threading.Thread | None = None
+        self.reader_done = self.seq_data is not None
+        self.reader_waiting = False
+        self.receiver_waiting = False
+        self.attention = False  # receiver_waiting or abort: the reader's one check per item
+        self.input_error: BaseException | None = None
+        self.send_error: BaseException | None = None
+        self.send_lock = threading.Lock()
+        self.in_full = False
         self.window = runner._window
         self.n = len(runner._devices)
         self.max_batch = max(1, self.window // (4 * self.n))
         self.reorder = ReorderBuffer(self.window) if runner._ordered else None
-        self.next_item = 0  # index of the next item to read
+        self.next_item = 0  # index of the next item to send
         self.next_batch = 0
-        self.pending: tuple[int, int, list] | None = None  # (seq, n_items, parts) unsent
-        self.exhausted = False
-        self.dispatched = 0  # items sent (written by the dispatching thread only)
+        self.pending: tuple[int, int, Any] | None = None  # (seq, n_items, parts) unsent
+        self.dispatched = 0  # items sent (under send_lock)
         self.delivered = 0  # items handed out (written by the receiving thread only)
         self.bytes_per_item = 0.0  # pickled input per item (last batch)
         # Results in flight (queued, being consumed, or waiting in the reorder buffer) stay
-        # within about twice the result queue's ring, however large each result is.
-        self.max_inflight_bytes = 2 * self.workers.out_q.ring_size
+        # within about twice the output queue's side budget, however large each result is.
+        self.max_inflight_bytes = 2 * self.workers.out_budget
         self.busy_seen: dict[int, float] = {}
         self.wait_seen: dict[int, float] = {}
         self.error: BaseException | None = None
         self.abort = False
-        self.end_seen = False
         self.cond = threading.Condition()
-        self.dispatcher_waiting = False
+        self.last_progress = time.monotonic()
         self.stats = RunnerStats(
             producer_busy_s={i: 0.0 for i in range(self.n)},
             producer_wait_s={i: 0.0 for i in range(self.n)},
         )
+        self.progress = progress
+        self.bar = None
+        self.t0 = 0.0
+        self.in_wait0 = 0.0
+        self.out_wait0 = 0.0
+        self.ended = False
+        self.consumer: threading.Thread | None = None
+
+    def _start(self) -> None:
+        """Takes the runner (one call at a time) and starts the clocks and the reader."""
+        self.runner._begin(self, self.timeout)
+        self.threads.append(threading.current_thread())
         self.t0 = time.perf_counter()
+        self.last_progress = time.monotonic()
         self.in_wait0 = self.workers.in_q.wait_seconds
         self.out_wait0 = self.workers.out_q.wait_seconds
-        self.bar = None
-        if progress:
+        if self.progress:
             import tqdm
 
             tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
-            self.bar = tqdm.tqdm(total=self.total, unit="item", desc=type(runner).__name__)
+            self.bar = tqdm.tqdm(total=self.total, unit="item", desc=type(self.runner).__name__)
+        if self.it is not None:
+            self.reader = threading.Thread(target=self._read, name="easycore-input", daemon=True)
+            self.threads.append(self.reader)
+            self.reader.start()
 
-    # ----- dispatching -----
+    # ----- reading (a helper thread, for inputs other than range/list/tuple) -----
+
+    def _read(self) -> None:
+        it = self.it
+        append = self.buf.append
+        read = 0
+        try:
+            while not self.abort:
+                room = self._window_now() - (read - self.delivered)
+                if room <= 0:
+                    with self.cond:
+                        self.reader_waiting = True
+                        while not self.abort and self._window_now() - (read - self.delivered) <= 0:
+                            self.cond.wait(_TICK)
+                        self.reader_waiting = False
+                    continue
+                got = 0
+                # islice pulls one item at a time: nothing is held back while next() blocks.
+                for got, x in enumerate(itertools.islice(it, room), 1):  # noqa: B007
+                    append(x)
+                    if self.attention:
+                        if self.abort:
+                            return
+                        self._input_arrived()
+                read += got
+                if got < room:
+                    break  # the input is over
+        except BaseException as e:  # noqa: BLE001 - raised in the receiving thread
+            self.input_error = e
+        finally:
+            self.reader_done = True
+            self._input_arrived()
+
+    def _input_arrived(self) -> None:
+        """New input (or its end) while the receiver may sleep on the output queue: with
+        nothing in flight, send it from here at once; else wake the receiver."""
+        if not self.receiver_waiting or self.abort:
+            return
+        self.receiver_waiting = False
+        self.attention = self.abort
+        if (
+            self.input_error is None
+            and self.dispatched == self.delivered
+            and self.send_lock.acquire(blocking=False)
+        ):
+            try:
+                sent = self._send_available()
+            except BaseException as e:  # noqa: BLE001 - raised in the receiving thread
+                self.send_error = e
+                sent = False
+            finally:
+                self.send_lock.release()
+            if sent:
+                return  # its results will wake the receiver
+        try:
+            self.workers.out_q.put(0, wire.pack_kind(wire.WAKE, self.call), [b""], timeout=1.0)
+        except (QueueFull, QueueClosed):
+            pass  # the receiver wakes on its tick anyway
+
+    # ----- sending -----
 
     def _batch_size(self) -> int:
         cost = self.runner._cost_per_item
@@ -566,17 +1034,37 @@ class _Call:
         by_bytes = int(self.max_inflight_bytes / out_bytes)
         return max(1, min(self.window, by_bytes))
 
-    def _make_batch(self) -> tuple[int, int, list] | None:
-        room = self._window_now() - (self.dispatched - self.delivered)
-        size = max(1, min(self._batch_size(), room))
-        items = list(itertools.islice(self.it, size))
-        if not items:
+    def _next_items(self) -> Any:
+        """The next batch's items (what the window and the buffer allow), or None."""
+        if self.seq_data is not None:
+            room = self._window_now() - (self.dispatched - self.delivered)
+            if room <= 0 and self.dispatched > self.delivered:
+                return None
+            size = max(1, min(self._batch_size(), room))
+            items = self.seq_data[self.pos : self.pos + size]
+            if not items:
+                self.pos = len(self.seq_data)
+                return None
+            self.pos += len(items)
+            return items
+        buf = self.buf
+        n = len(buf)
+        if not n:
+            return None
+        size = min(n, self._batch_size())
+        items = buf[:size]
+        del buf[:size]
+        return items
+
+    def _make_batch(self) -> tuple[int, int, Any] | None:
+        items = self._next_items()
+        if items is None:
             return None
         first = self.next_item
         try:
             parts = self.codec.dumps((first, items))
         except Exception as e:
-            what = wire.describe_unpicklable(items)
+            what = wire.describe_unpicklable(list(items))
             raise SerializationError(
                 f"input item {first}..{first + len(items) - 1} cannot be sent to the producers: "
                 f"{what} is not picklable"
@@ -589,46 +1077,43 @@ class _Call:
         self.next_item += len(items)
         return seq, len(items), parts
 
-    def dispatch(self, block: bool) -> None:
-        """Sends batches while the window allows; with ``block``, until the input ends."""
+    def _send_available(self) -> bool:
+        """Sends what is ready, never blocking (call under ``send_lock``); whether it sent."""
         in_q = self.workers.in_q
+        sent = False
         while not self.abort:
             if self.pending is None:
-                if self.exhausted:
-                    return
                 self.pending = self._make_batch()
                 if self.pending is None:
-                    self.exhausted = True
-                    return
+                    return sent
             seq, count, parts = self.pending
-            in_flight = self.dispatched - self.delivered
-            if in_flight > 0 and in_flight + count > self._window_now():
-                if not block:
-                    return
-                self._wait_for_room()
-                continue
             try:
-                in_q.put(seq, self.kind_work, parts, block=block, timeout=_TICK)
+                in_q.put(seq, self.kind_work, parts, block=False)
             except QueueFull:
-                if not block:
-                    return
-                self._check_health()
-                continue
+                self.in_full = True
+                return sent
+            self.in_full = False
+            if self.dispatched == self.delivered:
+                self.last_progress = time.monotonic()
             self.pending = None
             self.dispatched += count
             self.stats.batches += 1
+            sent = True
+        return sent
 
-    def _wait_for_room(self) -> None:
-        t = time.perf_counter()
-        with self.cond:
-            self.dispatcher_waiting = True
-            in_flight = self.dispatched - self.delivered
-            window = self._window_now()
-            if in_flight > 0 and not self.abort and in_flight + self.pending[1] > window:
-                self.cond.wait(_TICK)
-            self.dispatcher_waiting = False
-        self.stats.dispatch_wait_s += time.perf_counter() - t
-        self._check_health()
+    def _input_over(self) -> bool:
+        if self.seq_data is not None:
+            return self.pos >= len(self.seq_data) and self.pending is None
+        return self.reader_done and not self.buf and self.pending is None
+
+    def _ready_to_send(self) -> bool:
+        if self.pending is not None or self.in_full:
+            return False
+        if self.seq_data is not None:
+            return False  # sliced by the receiver itself: nothing arrives behind its back
+        return bool(self.buf)
+
+    # ----- receiving -----
 
     def _check_health(self) -> None:
         if self.error is not None:
@@ -637,29 +1122,72 @@ class _Call:
         if died is not None:
             raise died
 
-    # ----- receiving -----
+    def _chunks(self) -> Iterator[tuple[int, list]]:
+        """Sends and receives until every item is delivered; yields ``(first, results)``
+        in delivery order. The caller counts each chunk with :meth:`delivered_chunk`."""
+        get_many = self.workers.out_q.get_many
+        while True:
+            with self.send_lock:
+                self._send_available()
+            if self.send_error is not None:
+                raise self.send_error
+            if self.input_error is not None:
+                raise self.input_error
+            if self.delivered >= self.dispatched and self._input_over():
+                return
+            if self.abort:
+                self._check_health()
+                raise RunnerClosedError("the call was aborted")
+            # Sleep on the output queue; the reader wakes us (or sends) when input comes.
+            self.receiver_waiting = True
+            self.attention = True
+            if (
+                self._ready_to_send()
+                or self.input_error is not None
+                or self.send_error is not None
+                or (self.reader_done and self.delivered >= self.dispatched and self._input_over())
+            ):
+                self.receiver_waiting = False
+                self.attention = self.abort
+                continue
+            idle = self.delivered >= self.dispatched
+            wait = _TICK
+            if self.timeout is not None and not idle:
+                wait = max(0.0, min(wait, self.last_progress + self.timeout - time.monotonic()))
+            t = time.perf_counter()
+            try:
+                msgs = get_many(64, timeout=wait)
+            except QueueEmpty:
+                msgs = None
+            except QueueClosed:
+                raise RunnerClosedError("the runner was closed during the call") from None
+            finally:
+                self.receiver_waiting = False
+                self.attention = self.abort
+            if idle:
+                self.stats.input_wait_s += time.perf_counter() - t
+            if msgs is None:
+                self._check_health()
+                if (
+                    self.timeout is not None
+                    and self.delivered < self.dispatched
+                    and time.monotonic() - self.last_progress >= self.timeout
+                ):
+                    raise self._timeout_error()
+                continue
+            yield from self._take(msgs)
 
-    def receive(self, timeout: float) -> list[tuple[int, list]]:
-        """Chunks ``(first_index, results)`` ready for delivery, in delivery order."""
-        try:
-            msgs = self.workers.out_q.get_many(64, timeout=timeout)
-        except QueueEmpty:
-            self._check_health()
-            return []
-        except QueueClosed:
-            raise RunnerClosedError("the runner was closed during the call") from None
+    def _take(self, msgs: list) -> list[tuple[int, list]]:
         out: list[tuple[int, list]] = []
         for seq, kind, parts in msgs:
             t, call = wire.unpack_kind(kind)
-            if t == wire.END:
-                self.end_seen = True
-                continue
             if call != self.call:
-                continue  # a result of an aborted earlier call
+                continue  # a result, error or wake-up of an aborted earlier call
             if t == wire.ERROR:
                 raise _worker_error(self.codec.loads(parts))
             if t != wire.RESULT:
                 continue
+            self.last_progress = time.monotonic()
             nb = wire.nbytes(parts)
             self.stats.bytes_out += nb
             first, results, wi, busy, wait = self.codec.loads(parts)
@@ -673,6 +1201,39 @@ class _Call:
                 self.reorder.push(seq, (first, results))
                 out.extend(self.reorder.pop_ready())
         return out
+
+    def _timeout_error(self) -> RunnerTimeoutError:
+        view = self.workers.view
+        now = time.monotonic_ns()
+        stuck = []
+        for i in range(self.n):
+            base = _worker.STATE_FIELDS * i
+            item = view[base + _worker.ITEM]
+            if item >= 0 and view[base + _worker.CALL] == self.call:
+                stuck.append((view[base + _worker.SINCE_NS], i, item, view[base + _worker.COUNT]))
+        in_flight = self.dispatched - self.delivered
+        if stuck:
+            since, i, item, count = min(stuck)
+            proc = self.workers.procs[i]
+            dev = self.runner._devices[i]
+            which = f"item {item}" if count <= 1 else f"one of items {item}..{item + count - 1}"
+            return RunnerTimeoutError(
+                f"no result within timeout={self.timeout} s: producer {i} (device {dev!r}, "
+                f"pid {proc.pid}) is stuck in producer_work on {which} (its batch started "
+                f"{(now - since) / 1e9:.1f} s ago). The runner was closed (its producers were "
+                "stopped); call activate() to restart it",
+                timeout=self.timeout or 0.0,
+                item=item,
+                producer=i,
+                device=dev,
+                pid=proc.pid,
+            )
+        return RunnerTimeoutError(
+            f"no result within timeout={self.timeout} s ({in_flight} items in flight, none "
+            "in producer_work: the producers are slow to take or return work). The runner "
+            "was closed; call activate() to restart it",
+            timeout=self.timeout or 0.0,
+        )
 
     def _learn(self, wi: int, busy: float, wait: float, count: int) -> None:
         prev = self.busy_seen.get(wi)
@@ -691,36 +1252,30 @@ class _Call:
         self.delivered += count
         if self.bar is not None:
             self.bar.update(count)
-        if self.dispatcher_waiting:
+        if self.reader_waiting:
             with self.cond:
-                self.cond.notify()
-
-    def done(self) -> bool:
-        return self.exhausted and self.pending is None and self.delivered >= self.dispatched
+                self.cond.notify_all()
 
     # ----- the two ways to run a call -----
 
     def run_with_consumer(self) -> Any:
         runner = self.runner
+        self._start()
         cfg = copy.deepcopy(runner._cfg)
         result: list[Any] = []
-        consumer = threading.Thread(
-            target=self._consume, args=(cfg, result), name="easycore-consumer", daemon=True
-        )
-        consumer.start()
         try:
-            self.dispatch(block=True)
-            # Wake the consumer: the input is over (it may be asleep on the output queue).
-            self.workers.out_q.put(0, wire.pack_kind(wire.END, self.call), [b""])
+            consumer = threading.Thread(
+                target=self._consume, args=(cfg, result), name="easycore-consumer", daemon=True
+            )
+            self.consumer = consumer
+            consumer.start()
             while consumer.is_alive():
                 consumer.join(_TICK)
-                if self.error is None and consumer.is_alive():
-                    self._check_health()
         except BaseException as e:
-            self._fail(e, consumer)
+            self._fail(e)
             raise
         if self.error is not None:
-            self._fail(self.error, consumer)
+            self._fail(self.error)
             raise self.error
         self._finish()
         return result[0]
@@ -728,94 +1283,125 @@ class _Call:
     def _consume(self, cfg: Any, result: list) -> None:
         # Hooks are looked up on the class, as the producers do: a plain function assigned
         # as a hook then works like a staticmethod.
+        self.threads.append(threading.current_thread())
         runner = type(self.runner)
         try:
             _call_hook("consumer_init", runner.consumer_init, cfg)
             work = runner.consumer_work
             busy = 0.0
-            while not self.abort:
-                if self.end_seen and self.delivered >= self.dispatched:
-                    break
-                for first, results in self.receive(_TICK):
-                    t = time.perf_counter()
-                    for i, r in enumerate(results):
-                        try:
-                            work(cfg, r)
-                        except BaseException as e:
-                            raise _hook_error("consumer_work", e, first + i) from e
-                    busy += time.perf_counter() - t
-                    self.delivered_chunk(len(results))
+            for first, results in self._chunks():
+                t = time.perf_counter()
+                for i, r in enumerate(results):
+                    try:
+                        work(cfg, r)
+                    except (KeyboardInterrupt, SystemExit):
+                        raise
+                    except BaseException as e:
+                        raise _hook_error("consumer_work", e, first + i) from e
+                busy += time.perf_counter() - t
+                self.delivered_chunk(len(results))
             self.stats.consumer_busy_s = busy
-            if not self.abort:
-                result.append(_call_hook("consumer_end", runner.consumer_end, cfg))
+            result.append(_call_hook("consumer_end", runner.consumer_end, cfg))
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
-            self.error = e
+            if self.error is None:
+                self.error = e
             self.abort = True
+            self.attention = True
             with self.cond:
                 self.cond.notify_all()
 
     def iterate(self) -> Iterator[Any]:
+        self._start()
         finished = False
         try:
-            while True:
-                self.dispatch(block=False)
-                if self.done():
-                    break
-                for _first, results in self.receive(_TICK):
-                    self.delivered_chunk(len(results))
-                    yield from results
+            for _first, results in self._chunks():
+                self.delivered_chunk(len(results))
+                yield from results
             finished = True
+        except BaseException as e:
+            self._fail(e)
+            raise
         finally:
             if finished:
                 self._finish()
-            else:
-                self._fail(None, None)
+            elif not self.ended:
+                self._fail(None)  # closed early (break, close(), garbage collection)
 
-    def _fail(self, exc: BaseException | None, consumer: threading.Thread | None) -> None:
-        """Stops the call; closes the runner if a producer died."""
+    def _fail(self, exc: BaseException | None) -> None:
+        """Stops the call; closes the runner if a producer died, on Ctrl-C and on timeout."""
+        if self.ended:
+            return
+        self.ended = True
         self.abort = True
+        self.attention = True
         with self.cond:
             self.cond.notify_all()
-        if consumer is not None:
-            consumer.join(5.0)
-        if self.bar is not None:
-            self.bar.close()
-        if isinstance(exc, WorkerDiedError | KeyboardInterrupt) or self.workers.dead():
-            try:
-                self.runner.close()
-            except EasycoreError:
-                pass
-        elif not self.workers.closed:
-            self.workers.drain_input()
+        if self.consumer is not None and self.consumer is not threading.current_thread():
+            # It stops within a tick (unless busy in consumer_work); it must not read the
+            # output queue while a shutdown collects the producers' goodbyes.
+            self.consumer.join(2.0)
+        self._record_stats()
+        fatal = isinstance(
+            exc, WorkerDiedError | KeyboardInterrupt | SystemExit | RunnerTimeoutError
+        )
+        try:
+            if fatal or self.workers.dead():
+                try:
+                    self.runner._shutdown(interrupt=True)
+                except EasycoreError:
+                    pass
+            elif not self.workers.closed:
+                self.workers.drain_input()
+        finally:
+            self.runner._end(self)
 
-    def _finish(self) -> None:
+    def _record_stats(self) -> None:
         if self.bar is not None:
             self.bar.close()
         s = self.stats
         s.items = self.delivered
         s.wall_s = time.perf_counter() - self.t0
-        s.dispatch_wait_s += self.workers.in_q.wait_seconds - self.in_wait0
-        s.consumer_wait_s = self.workers.out_q.wait_seconds - self.out_wait0
+        if not self.workers.closed:
+            s.dispatch_wait_s += self.workers.in_q.wait_seconds - self.in_wait0
+            s.consumer_wait_s = self.workers.out_q.wait_seconds - self.out_wait0
         self.runner.stats = s
+
+    def _finish(self) -> None:
+        self.ended = True
+        self._record_stats()
+        self.runner._end(self)
 
 
 def _hook_error(hook: str, e: BaseException, item: int | None) -> WorkerError:
+    """The error for a consumer hook that raised: a WorkerError that is also an instance of
+    the original type (the original is chained as ``__cause__``)."""
     import traceback
 
-    tb = "".join(traceback.format_exception(e))
-    return WorkerError(
-        f"{type(e).__qualname__}: {e} — raised in {hook}"
-        + (f" (item {item})" if item is not None else ""),
+    try:
+        tb = "".join(traceback.format_exception(e))
+    except BaseException:  # noqa: BLE001 - a broken exception must not hide the error
+        tb = safe_str(e)
+    original = type(e) if isinstance(e, Exception) and not isinstance(e, _NOT_TYPED) else None
+    try:
+        state = dict(vars(e))
+    except TypeError:
+        state = {}
+    return worker_error_as(
+        original,
+        f"{safe_str(e)} — raised in {hook}" + (f" (item {item})" if item is not None else ""),
         hook=hook,
         device=None,
         item=item,
         remote_traceback=tb,
+        state=state,
     )
 
 
 def _call_hook(name: str, fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
+    except (KeyboardInterrupt, SystemExit):
+        raise
     except BaseException as e:
         raise _hook_error(name, e, None) from e
 

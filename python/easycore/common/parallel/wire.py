@@ -24,7 +24,8 @@ RESULT = 3  #: payload: (first_item_index, [results], worker_index, busy_s, wait
 ERROR = 4  #: payload: dict(hook=, device=, item=, message=, traceback=, kind=)
 READY = 5  #: payload: (worker_index, pid) once producer_init returned
 BYE = 6  #: payload: (worker_index, error dict or None) after producer_end
-END = 7  #: caller -> its own consumer thread: the input is over
+END = 7  #: (unused since call-matched wake-ups; kept so the number is never reused)
+WAKE = 8  #: the caller's input reader -> its own receiving thread: new input is waiting
 
 
 def pack_kind(msg_type: int, call: int) -> int:

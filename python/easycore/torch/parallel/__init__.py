@@ -23,6 +23,7 @@ import torch.multiprocessing
 
 from easycore.common.parallel import engine
 from easycore.common.parallel.devices import parse_devices
+from easycore.common.parallel.worker import WorkerInfo, worker_info
 from easycore.errors import InvalidArgument
 from easycore.torch.parallel.codec import TorchCodec
 
@@ -70,6 +71,7 @@ class BaseRunner(engine.BaseRunner):
         start_method: str | None = None,
         window: int | None = None,
         close_timeout: float = 10.0,
+        seed: int | None = None,
     ) -> None:
         parsed = parse_devices(devices)
         _check_torch_devices(parsed)
@@ -82,6 +84,7 @@ class BaseRunner(engine.BaseRunner):
             start_method=start_method,
             window=window,
             close_timeout=close_timeout,
+            seed=seed,
         )
 
     @classmethod
@@ -107,4 +110,4 @@ class OrderedRunner(BaseRunner):
     _ordered = True
 
 
-__all__ = ["BaseRunner", "OrderedRunner", "UnorderedRunner"]
+__all__ = ["BaseRunner", "OrderedRunner", "UnorderedRunner", "WorkerInfo", "worker_info"]
