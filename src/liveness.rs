@@ -111,6 +111,12 @@ extern "C" fn forget_in_child() {
     MAKING.store(0, Ordering::Relaxed);
 }
 
+/// Removes this process's token now: from here on every other process reads it as dead. For
+/// a process about to die by a signal (atexit handlers will not run).
+pub fn retire() {
+    remove_token_at_exit();
+}
+
 extern "C" fn remove_token_at_exit() {
     // Only the process that made the token removes it (a forked child has ME_PID 0).
     // SAFETY: getpid has no preconditions.

@@ -72,6 +72,13 @@ fn identity() -> PyResult<String> {
     crate::liveness::me().map(|id| id.tag()).py_err()
 }
 
+/// Removes this process's liveness token at once (others then read it as dead). Call it only
+/// right before dying of a signal, when exit handlers will not run.
+#[pyfunction]
+fn retire_identity() {
+    crate::liveness::retire();
+}
+
 /// Starts a watchdog thread that waits (without polling) for the death of the process
 /// `owner_tag`, then removes the shared memory it left and ends this process at once with
 /// `exit_code` (`_exit`: no Python code runs). For processes that must not outlive their
@@ -103,6 +110,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(owner_alive, m)?)?;
     m.add_function(wrap_pyfunction!(identity, m)?)?;
     m.add_function(wrap_pyfunction!(exit_when_dead, m)?)?;
+    m.add_function(wrap_pyfunction!(retire_identity, m)?)?;
     m.add("SHM_PREFIX", crate::shm::NAME_PREFIX)?;
     Ok(())
 }

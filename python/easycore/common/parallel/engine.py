@@ -41,7 +41,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from easycore._core import Queue, ReorderBuffer, shm_space, sweep_stale_segments
+from easycore._core import (
+    Queue,
+    ReorderBuffer,
+    retire_identity,
+    shm_space,
+    sweep_stale_segments,
+)
 from easycore.common.parallel import wire
 from easycore.common.parallel import worker as _worker
 from easycore.common.parallel.devices import (
@@ -345,6 +351,8 @@ def _on_sigterm(signum: int, frame: Any) -> None:
         previous(signum, frame)
         return
     signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+    if previous in (None, signal.SIG_DFL):
+        retire_identity()  # about to die of the signal: exit handlers will not remove it
     os.kill(os.getpid(), signum)
 
 
@@ -594,14 +602,12 @@ class BaseRunner(RunnerHooks):
             procs: list = []
             workers = _Workers(procs, self._devices, in_q, out_q, state)
             workers.out_budget = out_bytes
-            pdeathsig = threading.current_thread() is threading.main_thread()
             try:
                 for i, dev in enumerate(self._devices):
                     opts = {
                         "n": n,
                         "seed": self._seed,
                         "start_method": self._start_method,
-                        "pdeathsig": pdeathsig,
                         "state": state,
                     }
                     p = ctx.Process(
@@ -1126,6 +1132,7 @@ class _Call:
         """Sends and receives until every item is delivered; yields ``(first, results)``
         in delivery order. The caller counts each chunk with :meth:`delivered_chunk`."""
         get_many = self.workers.out_q.get_many
+        next_health = time.monotonic() + _TICK
         while True:
             with self.send_lock:
                 self._send_available()
@@ -1134,7 +1141,14 @@ class _Call:
             if self.input_error is not None:
                 raise self.input_error
             if self.delivered >= self.dispatched and self._input_over():
+                # A producer that died during the call is reported, even if the others
+                # delivered everything: the runner is not what the user made any more.
+                self._check_health()
                 return
+            if time.monotonic() >= next_health:
+                # Results may flow without a pause while a producer is dead: look anyway.
+                self._check_health()
+                next_health = time.monotonic() + _TICK
             if self.abort:
                 self._check_health()
                 raise RunnerClosedError("the call was aborted")

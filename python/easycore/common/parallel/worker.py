@@ -1,14 +1,15 @@
 """The producer process: runs ``producer_init``, then ``producer_work`` on every item it
 gets from the input queue, and ``producer_end`` when told to stop.
 
-It never outlives its caller:
+It never outlives its caller, and it cleans up after a caller that was killed:
 
-* when the runner was made in the caller's main thread, the kernel's parent-death signal
-  (``PR_SET_PDEATHSIG``, SIGKILL) ends it the moment the caller dies; it is set first thing
-  and followed by a check that the parent is still the expected one (no race with a parent
-  that died during the start);
-* in every case it checks its parent between batches and while idle (twice a second), and
-  exits if the caller is gone.
+* first thing, it starts a watchdog thread (in Rust, ``easycore._core.exit_when_dead``) that
+  blocks on the caller's liveness token, which the kernel releases the instant the caller dies
+  (whatever kills it, whichever thread made the runner, under every start method). The
+  watchdog then removes every shared-memory name the caller owned (the queues' pooled
+  segments) and ends the producer at once. Nothing is polled, and ``kill(pid, 0)`` is never
+  trusted;
+* it also checks the caller's token between batches and while idle, and exits if it is gone.
 
 It ignores SIGINT, so Ctrl-C in a terminal reaches only the caller, which then stops the
 producers itself: SIGUSR1 makes a producer drop the batch it is working on (an exception
@@ -18,7 +19,6 @@ keeps its default action (the caller's own SIGTERM handler is not inherited).
 
 from __future__ import annotations
 
-import ctypes
 import os
 import pickle
 import random
@@ -29,12 +29,11 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from easycore._core import Queue, pid_alive
+from easycore._core import Queue, exit_when_dead, owner_alive
 from easycore.common.parallel import wire
 from easycore.errors import QueueClosed, QueueEmpty, QueueFull, SharedMemoryError
 
 _PARENT_CHECK_S = 0.5
-_PR_SET_PDEATHSIG = 1
 
 # Layout of the shared state array: ``STATE_FIELDS`` int64 words per producer, then globals.
 STATE_FIELDS = 4
@@ -91,20 +90,6 @@ def worker_info() -> WorkerInfo | None:
 
 class _Interrupted(BaseException):
     """Raised in a producer by the caller's interrupt signal: drop the current batch."""
-
-
-def _set_parent_death_signal(parent_pid: int) -> None:
-    """Arms PR_SET_PDEATHSIG, then exits at once if the parent already died (the race the
-    man page warns about: the parent may die between fork and prctl)."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:
-        os._exit(0)
 
 
 def _seed_all(seed: int, done: set[str]) -> None:
@@ -225,12 +210,13 @@ def _send(out_q: Queue, codec: wire.Codec, seq: int, kind: int, obj: Any, alive:
     return _put(out_q, seq, kind, codec.dumps(obj), alive)
 
 
-def _parent_check(parent_pid: int, start_method: str) -> Any:
-    """A cheap ``alive()`` test of the caller. Under forkserver the parent process is the
-    fork server, not the caller, so the caller's pid is probed instead."""
-    if start_method == "forkserver":
-        return lambda: pid_alive(parent_pid)
-    return lambda: os.getppid() == parent_pid
+def _parent_check(owner: str | None, parent_pid: int) -> Any:
+    """An ``alive()`` test of the caller: its liveness token (the queues' owner), which the
+    kernel vouches for whatever the start method (under forkserver the parent process is the
+    fork server, not the caller). Falls back to the parent pid without a token."""
+    if owner is None:
+        return lambda: os.getppid() == parent_pid
+    return lambda: owner_alive(owner)
 
 
 def producer_main(
@@ -256,7 +242,7 @@ def producer_main(
         setup: optional callable ``setup(device)`` run first (torch flavour: CUDA device,
             thread counts).
         options: ``n`` (number of producers), ``seed`` (this producer's seed),
-            ``start_method``, ``pdeathsig`` (arm the parent-death signal) and ``state``
+            ``start_method`` and ``state``
             (the shared state array: what each producer works on, and ``abort_below``).
     """
     global _INFO
@@ -265,10 +251,11 @@ def producer_main(
     signal.signal(INTERRUPT_SIGNAL, signal.SIG_IGN)
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the caller's handler came with fork
-    start_method = opts.get("start_method", "fork")
-    if opts.get("pdeathsig") and start_method != "forkserver":
-        _set_parent_death_signal(parent_pid)
-    alive = _parent_check(parent_pid, start_method)
+    owner = in_q.owner  # the caller: it created the queues
+    if owner is not None:
+        # Returns at once; if the caller dies, removes its names and ends this process.
+        exit_when_dead(owner)
+    alive = _parent_check(owner, parent_pid)
     if not alive():
         return
     seed = int(opts.get("seed", 0)) + index
