@@ -575,14 +575,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def leaked_segments(pids: set[int]) -> list[str]:
-    """``/dev/shm/ec.<pid>.*`` segments left by this run (they are removed, and reported)."""
+    """``/dev/shm/ec.<pid>-<nonce>.*`` segments left by this run (they are removed, and
+    reported). Liveness tokens (``.live``) are not segments: those of exited children are
+    removed by the sweep."""
     prefix = _core.SHM_PREFIX
+    _core.sweep_stale_segments()
     try:
         names = os.listdir("/dev/shm")
     except OSError:
         return []
-    mine = {f"{prefix}{pid}." for pid in pids}
-    leaked = [n for n in names if any(n.startswith(m) for m in mine)]
+    mine = tuple(f"{prefix}{pid}{sep}" for pid in pids for sep in ".-")
+    leaked = [n for n in names if n.startswith(mine) and not n.endswith((".live", ".tmp"))]
     for n in leaked:
         try:
             os.unlink(os.path.join("/dev/shm", n))

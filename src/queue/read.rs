@@ -357,11 +357,12 @@ impl Queue {
         if !any {
             return;
         }
-        if let Ok(_g) = self.try_lock() {
-            self.advance_tail(self.hdr());
+        match self.try_lock() {
+            // advance_tail wakes the writers if it freed space.
+            Ok(_g) => self.advance_tail(self.hdr()),
+            // Busy: wake the writers anyway; the one that takes the lock advances the tail.
+            Err(_) => self.wake_writers(),
         }
-        // Wake writers either way: one of them advances the tail if we could not.
-        self.wake_writers();
     }
 
     /// Under the lock: moves `tail` over released, padding and abandoned records.
