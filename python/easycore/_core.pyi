@@ -9,9 +9,9 @@ imported at run time.
 
 from collections.abc import Iterable, Sequence
 from os import PathLike
-from typing import final
+from typing import Self, final
 
-from typing_extensions import Buffer, Self
+from typing_extensions import Buffer
 
 __all__ = [
     "Queue",
