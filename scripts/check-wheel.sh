@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Installs the x86_64 wheel from dist/ (scripts/wheels.sh builds it) into a fresh venv, with
-# no Rust toolchain on PATH and binary packages only, then runs the README's quick start
-# there. That venv has neither torch nor numpy, so it also checks that the extras' messages
+# Installs the wheel for this machine's architecture from dist/ (scripts/wheels.sh builds
+# x86_64; the release workflow aarch64 too) into a fresh venv, with no Rust toolchain on PATH
+# and binary packages only, then runs the README's quick start there. That venv has neither torch nor numpy, so it also checks that the extras' messages
 # (easycore[torch], easycore[bench]) reach a real user. Called by scripts/test.sh.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-wheel=$(ls dist/easycore-*-manylinux*_x86_64*.whl)
+wheel=$(ls dist/easycore-*-manylinux*_"$(uname -m)"*.whl)
 venv="$root/.venv-wheel"
 py="${PYTHON:-python3}"
 rm -rf "$venv"
