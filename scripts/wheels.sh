@@ -5,11 +5,13 @@
 # ziglang package on PyPI, links the wheel against glibc 2.17, so no manylinux container is
 # needed; auditwheel then checks the tag the wheel claims.
 #
-# aarch64 wheels are built by .github/workflows/release.yml on a runner that can (this
-# machine's Rust toolchain has only the x86_64 standard library).
+# The aarch64 wheel (same tag) is cross-built by scripts/aarch64-wheel.sh with Debian's
+# Rust packages (rustup's toolchain here has only the x86_64 standard library) and checked
+# under qemu; .github/workflows/release.yml builds both natively on GitHub's runners.
 #
-# Usage: bash scripts/wheels.sh            # wheel + sdist into dist/
-#        bash scripts/wheels.sh --wheel    # the wheel only (what scripts/test.sh checks)
+# Usage: bash scripts/wheels.sh            # x86_64 + aarch64 wheels + sdist into dist/
+#        bash scripts/wheels.sh --wheel    # the x86_64 wheel only (what scripts/test.sh checks)
+#        EASYCORE_AARCH64=0 bash scripts/wheels.sh   # no aarch64 wheel
 set -euo pipefail
 EASYCORE_DEVELOP=0
 source "$(dirname "${BASH_SOURCE[0]}")/setup-env.sh"
@@ -27,6 +29,9 @@ if ! grep -q '"manylinux_2_17_x86_64"' <<<"$report"; then
     exit 1
 fi
 if [ "${1:-}" != "--wheel" ]; then
+    if [ "${EASYCORE_AARCH64:-1}" != 0 ]; then
+        bash scripts/aarch64-wheel.sh
+    fi
     echo "== sdist"
     maturin sdist -o dist
 fi
