@@ -25,6 +25,7 @@ fetch() {  # fetch DIR PACKAGE... : download and unpack into DIR
     mkdir -p "$tc/debs" "$dest"
     (cd "$tc/debs" && rm -f ./*.deb && apt-get "${apt_opts[@]}" download "$@" >/dev/null)
     for deb in "$tc"/debs/*.deb; do dpkg -x "$deb" "$dest"; done
+    rm -f "$tc"/debs/*.deb
 }
 
 if [ ! -x "$tc/rustc" ]; then
