@@ -200,7 +200,8 @@ def plan(
         return workloads, systems, devices, cls
     names = _pick(args.workloads, WORKLOADS, WORKLOADS, "workloads")
     workloads = [WORKLOADS[n] for n in names]
-    systems = _pick(args.systems, SYSTEMS, SYSTEMS, "systems")
+    default = [k for k, s in SYSTEMS.items() if s.in_default_run]
+    systems = _pick(args.systems, SYSTEMS, default, "systems")
     return workloads, systems, devices, None
 
 
@@ -371,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         for w in WORKLOADS.values():
             print(f"workload {w.name:<16} {w.unit:<10} {w.title}")
         for key, s in SYSTEMS.items():
-            print(f"system   {key:<20} {describe(s)}")
+            note = "" if s.in_default_run else " (only when named in --systems)"
+            print(f"system   {key:<20} {describe(s)}{note}")
         return 0
     t0 = time.perf_counter()
     try:

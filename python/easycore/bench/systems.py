@@ -77,6 +77,8 @@ class System:
     title: str = ""
     description: str = ""
     """One line for ``--list`` (default: the first line of the class's docstring)."""
+    in_default_run: bool = True
+    """Whether a run without ``--systems`` includes it."""
 
     def label(self, job: Job) -> str:
         """The table's name for this system on this job."""
@@ -413,6 +415,7 @@ class DataLoaderPerCallSystem(DataLoaderSystem):
 
     key = "dataloader_per_call"
     description = "torch DataLoader, default workers: a new loader (and workers) per call"
+    in_default_run = False  # for information; it adds minutes to a full run
 
     def label(self, job: Job) -> str:
         return f"torch DataLoader(num_workers={len(job.devices)}, batch_size=None), per call"
