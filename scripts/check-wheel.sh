@@ -11,9 +11,13 @@ venv="$root/.venv-wheel"
 py="${PYTHON:-python3}"
 rm -rf "$venv"
 "$py" -m venv "$venv"
-# Only the new venv and the system's own directories: no ~/.cargo/bin, no .venv.
+# Only the new venv and the system's own directories: no ~/.cargo/bin, no .venv. pip's own
+# settings (index, certificates, proxies) pass through.
 clean=(env -i "HOME=$HOME" "PATH=$venv/bin:/usr/local/bin:/usr/bin:/bin" "LANG=C.UTF-8"
        "PIP_DISABLE_PIP_VERSION_CHECK=1")
+while IFS= read -r var; do
+    clean+=("$var=${!var}")
+done < <(compgen -e | grep -E '^(PIP_|SSL_CERT_|REQUESTS_CA_BUNDLE$|(https?|no|all)_proxy$|(HTTPS?|NO|ALL)_PROXY$)' || true)
 if "${clean[@]}" sh -c 'command -v cargo || command -v rustc' >/dev/null; then
     echo "check-wheel.sh: a Rust toolchain is on the clean PATH; the check would prove nothing" >&2
     exit 1
