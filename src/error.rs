@@ -15,6 +15,19 @@ pub enum CoreError {
     Full,
     /// A lock was not acquired before the deadline.
     Timeout(String),
+    /// The queue's lock is held by a live process (perhaps a stopped one) past the deadline,
+    /// or, for calls that only try it, right now.
+    Busy {
+        /// pid of the holder, when known
+        holder_pid: Option<u32>,
+    },
+    /// A batch failed after `done` of its messages were put: they are in the queue.
+    Partial {
+        /// messages put before the failure
+        done: usize,
+        /// what failed
+        source: Box<CoreError>,
+    },
     /// Shared memory could not be had: too little room in `/dev/shm`, or a limit.
     NoSpace {
         /// bytes that were asked for
@@ -38,6 +51,17 @@ pub enum CoreError {
 }
 
 impl CoreError {
+    /// `e` after `done` messages of a batch went in.
+    pub fn partial(done: usize, e: CoreError) -> Self {
+        match e {
+            CoreError::Partial { source, .. } => CoreError::Partial { done, source },
+            e => CoreError::Partial {
+                done,
+                source: Box::new(e),
+            },
+        }
+    }
+
     /// Wraps the last OS error with a description of what failed.
     pub fn last_os(context: impl Into<String>) -> Self {
         CoreError::Io {
@@ -72,6 +96,17 @@ impl fmt::Display for CoreError {
             CoreError::Empty => write!(f, "the queue is empty"),
             CoreError::Full => write!(f, "the queue is full"),
             CoreError::Timeout(what) => write!(f, "timed out: {what}"),
+            CoreError::Busy { holder_pid } => match holder_pid {
+                Some(pid) => write!(
+                    f,
+                    "the queue's lock is held by process {pid}, which is alive (perhaps \
+                     stopped)"
+                ),
+                None => write!(f, "the queue's lock is held by another process"),
+            },
+            CoreError::Partial { done, source } => {
+                write!(f, "{source} (after {done} messages of the batch were put)")
+            }
             CoreError::NoSpace {
                 requested,
                 available,

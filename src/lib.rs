@@ -2,19 +2,23 @@
 //! hang, with thin Python bindings (feature `python`) as the private module `easycore._core`.
 //!
 //! * [`shm`]: named shared-memory segments.
-//! * [`wait`]: futex wait/wake on a shared word; process liveness.
+//! * [`wait`]: futex wait/wake on a shared word.
+//! * [`liveness`]: process identity and liveness the kernel vouches for (flocked tokens).
 //! * [`queue`]: the bounded inter-process message queue.
 //! * [`slots`]: the queue's pool of reusable segments for large messages.
-//! * [`pidlock`]: the short shared-memory lock that survives its holder's death.
+//! * [`forkviews`]: zero-copy views that a forked child keeps unchanged.
+//! * [`shmlock`]: the short shared-memory lock that survives its holder's death.
 //! * [`reorder`]: the sequence-ordered reorder buffer.
-//! * [`lock`]: the inter-process file lock.
+//! * [`filelock`]: the inter-process file lock (flock, timeouts, fork-safe).
 
 pub mod error;
-pub mod lock;
-pub mod pidlock;
+pub mod filelock;
+pub mod forkviews;
+pub mod liveness;
 pub mod queue;
 pub mod reorder;
 pub mod shm;
+pub mod shmlock;
 pub mod slots;
 pub mod wait;
 

@@ -9,6 +9,9 @@
 
 use crate::error::{CoreError, Result};
 
+/// Largest window: 64 Mi items (half a GiB of slots for pointers); larger ones are refused.
+pub const MAX_WINDOW: usize = 1 << 26;
+
 /// The reorder buffer.
 #[derive(Debug)]
 pub struct ReorderBuffer<T> {
@@ -20,12 +23,17 @@ pub struct ReorderBuffer<T> {
 impl<T> ReorderBuffer<T> {
     /// A buffer that holds at most `window` items, starting at sequence number `start`.
     pub fn new(window: usize, start: u64) -> Result<Self> {
-        if window == 0 {
-            return Err(CoreError::Invalid(
-                "the reorder window must be at least 1".into(),
-            ));
+        if window == 0 || window > MAX_WINDOW {
+            return Err(CoreError::Invalid(format!(
+                "the reorder window must be between 1 and {MAX_WINDOW}, got {window}"
+            )));
         }
-        let mut slots = Vec::with_capacity(window);
+        let mut slots = Vec::new();
+        slots.try_reserve_exact(window).map_err(|_| {
+            CoreError::Invalid(format!(
+                "not enough memory for a reorder window of {window} items"
+            ))
+        })?;
         slots.resize_with(window, || None);
         Ok(ReorderBuffer {
             slots,

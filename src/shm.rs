@@ -1,8 +1,9 @@
 //! Named POSIX shared-memory segments: create, attach by name, unlink, and unmap on drop.
 //!
-//! Names are `/ec.<owner pid>.<nonce>`: short enough for every POSIX system (macOS allows 31
-//! bytes), and they carry the pid of the process that owns the segment's lifetime, so that
-//! [`sweep_stale`] can remove what a killed owner left behind.
+//! Names are `/ec.<owner tag>.<nonce>`, where the tag `<pid>-<nonce>` is the [`Identity`] of the
+//! process that owns the segment's lifetime, so that [`sweep_stale`] can remove what a killed
+//! owner left behind, judging the owner by its liveness token (never by its pid alone: a
+//! live owner in another PID namespace sharing `/dev/shm` is never swept).
 //!
 //! Lifetime rules:
 //! * The creating process owns the name: dropping its [`Segment`] unlinks it unless
@@ -15,7 +16,8 @@
 //!   [`CoreError::NoSpace`] at once, never a `SIGBUS` on first touch.
 
 use crate::error::{CoreError, Result};
-use crate::wait::{current_pid, pid_alive};
+use crate::liveness::{self, Identity};
+use crate::wait::current_pid;
 use std::ffi::CString;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -42,8 +44,8 @@ unsafe impl Send for Segment {}
 // SAFETY: as above; `&Segment` only exposes the base pointer, the length and idempotent unlink.
 unsafe impl Sync for Segment {}
 
-/// A fresh, unused-looking segment name owned by `owner_pid`.
-pub fn new_name_for(owner_pid: u32) -> String {
+/// A fresh, unused-looking segment name owned by `owner`.
+pub fn new_name_for(owner: Identity) -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let t = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -52,7 +54,7 @@ pub fn new_name_for(owner_pid: u32) -> String {
     let c = COUNTER.fetch_add(1, Ordering::Relaxed);
     let mix = (t ^ (c.wrapping_mul(0x9E37_79B9_7F4A_7C15)) ^ (u64::from(current_pid()) << 32))
         .wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    format!("/{NAME_PREFIX}{owner_pid}.{:08x}", (mix >> 32) as u32)
+    format!("/{NAME_PREFIX}{}.{:08x}", owner.tag(), (mix >> 32) as u32)
 }
 
 fn c_name(name: &str) -> Result<CString> {
@@ -106,10 +108,10 @@ fn map(fd: libc::c_int, len: usize, name: &str) -> Result<NonNull<u8>> {
 }
 
 impl Segment {
-    /// Creates a new segment of `len` bytes (zero-filled) whose name records `owner_pid`.
-    pub fn create(len: usize, owner_pid: u32) -> Result<Segment> {
+    /// Creates a new segment of `len` bytes (zero-filled) whose name records `owner`.
+    pub fn create(len: usize, owner: Identity) -> Result<Segment> {
         for _ in 0..16 {
-            match Self::create_named(&new_name_for(owner_pid), len) {
+            match Self::create_named(&new_name_for(owner), len) {
                 Err(CoreError::Io { source, .. })
                     if source.raw_os_error() == Some(libc::EEXIST) =>
                 {
@@ -305,26 +307,59 @@ impl Drop for Segment {
     }
 }
 
-/// The owner pid encoded in a segment name of ours, if it is one.
-pub fn owner_of(name: &str) -> Option<u32> {
+/// The owner encoded in a name of ours (segment or liveness token), if it is one.
+pub fn owner_of(name: &str) -> Option<Identity> {
     let rest = name.trim_start_matches('/').strip_prefix(NAME_PREFIX)?;
-    rest.split('.').next()?.parse().ok()
+    Identity::from_tag(rest.split('.').next()?)
 }
 
-/// Removes segments left in `/dev/shm` by owners that no longer exist (a SIGKILLed runner
-/// between creating a segment and unlinking it). Returns how many were removed.
+/// Removes every name in `/dev/shm` owned by `owner` (segments and its token), if `owner` is
+/// dead. Returns how many were removed.
+pub fn sweep_owner(owner: Identity) -> usize {
+    sweep(|id| id == owner)
+}
+
+/// Removes segments (and liveness tokens) left in `/dev/shm` by owners that are dead. An owner
+/// is judged by its token ([`liveness`]), so live processes in other PID namespaces that share
+/// `/dev/shm`, and names of older formats, are left alone. Returns how many were removed.
 pub fn sweep_stale() -> usize {
-    let Ok(dir) = std::fs::read_dir("/dev/shm") else {
+    sweep(|_| true)
+}
+
+fn sweep(select: impl Fn(Identity) -> bool) -> usize {
+    let Ok(dir) = std::fs::read_dir(liveness::SHM_DIR) else {
         return 0;
     };
+    let mut verdicts: Vec<(Identity, bool)> = Vec::new();
+    let mut tokens = Vec::new();
     let mut removed = 0;
     for entry in dir.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if let Some(pid) = owner_of(name) {
-            if !pid_alive(pid) && unlink_name(&format!("/{name}")).is_ok() {
-                removed += 1;
+        let Some(id) = owner_of(name) else { continue };
+        if !select(id) {
+            continue;
+        }
+        let dead = match verdicts.iter().find(|(v, _)| *v == id) {
+            Some(&(_, d)) => d,
+            None => {
+                let d = liveness::owner_dead(id);
+                verdicts.push((id, d));
+                d
             }
+        };
+        if !dead {
+            continue;
+        }
+        if name.ends_with(".live") || name.ends_with(".tmp") {
+            tokens.push(name.to_owned()); // last: a token gone first reads as dead anyway
+        } else if unlink_name(&format!("/{name}")).is_ok() {
+            removed += 1;
+        }
+    }
+    for t in tokens {
+        if unlink_name(&format!("/{t}")).is_ok() {
+            removed += 1;
         }
     }
     removed
@@ -342,8 +377,9 @@ mod tests {
 
     #[test]
     fn create_attach_share_and_unlink_on_drop() {
-        let a = Segment::create(4096, current_pid()).unwrap();
-        assert!(owner_of(a.name()) == Some(current_pid()));
+        let me = liveness::me().unwrap();
+        let a = Segment::create(4096, me).unwrap();
+        assert!(owner_of(a.name()) == Some(me));
         // SAFETY: both mappings are 4096 bytes; test-only single-threaded access.
         unsafe { a.as_ptr().add(100).write(42) };
         let b = Segment::attach(a.name()).unwrap();
@@ -360,7 +396,7 @@ mod tests {
 
     #[test]
     fn explicit_unlink_keeps_memory_mapped() {
-        let a = Segment::create(8192, current_pid()).unwrap();
+        let a = Segment::create(8192, liveness::me().unwrap()).unwrap();
         a.unlink().unwrap();
         a.unlink().unwrap();
         assert!(Segment::attach(a.name()).is_err());
@@ -370,19 +406,27 @@ mod tests {
 
     #[test]
     fn too_large_is_a_clear_error() {
-        let err = Segment::create(1 << 50, current_pid()).unwrap_err();
+        let err = Segment::create(1 << 50, liveness::me().unwrap()).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("/dev/shm"), "{msg}");
     }
 
     #[test]
     fn sweep_removes_segments_of_dead_owners_only() {
-        let dead_pid = (i32::MAX - 7) as u32;
-        assert!(!pid_alive(dead_pid));
-        let stale = Segment::create(4096, dead_pid).unwrap();
-        let live = Segment::create(4096, current_pid()).unwrap();
+        let me = liveness::me().unwrap();
+        let dead = Identity {
+            pid: me.pid,
+            nonce: me.nonce ^ 0x0f0f_0f0f,
+        };
+        let stale = Segment::create(4096, dead).unwrap();
+        let live = Segment::create(4096, me).unwrap();
+        // An old-format name whose owner cannot be vouched for is never swept.
+        let old = Segment::create_named(&format!("/{NAME_PREFIX}{}.abcdef01", i32::MAX - 7), 4096)
+            .unwrap();
         assert!(sweep_stale() >= 1);
         assert!(Segment::attach(stale.name()).is_err());
         assert!(Segment::attach(live.name()).is_ok());
+        assert!(Segment::attach(old.name()).is_ok());
+        assert!(liveness::alive(me), "our own token survives the sweep");
     }
 }

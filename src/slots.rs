@@ -7,31 +7,40 @@
 //! and the reader hands out zero-copy views. A view keeps its slot busy; when the last view of
 //! a message is gone, the slot is free for the next large message.
 //!
-//! # Life cycle of a slot (every transition under the queue's lock, except the commit)
+//! # Life cycle of a slot
+//! A slot's state and holder share one word, so every transition is one atomic store or
+//! compare-and-swap; transitions marked (lock) happen under the queue's lock.
 //! ```text
-//! EMPTY        -> BUSY(writer)   take(): a new segment of slot_size(len) bytes, named (idx, gen)
-//! FREE         -> BUSY(writer)   take(): the smallest free segment that holds the message
-//! BUSY(writer) -> BUSY(0)        commit: the record in the ring holds it (a plain store)
-//! BUSY(0)      -> BUSY(reader)   claim: the reader's views of the message hold it
-//! BUSY(reader) -> FREE           the reader's last view is gone (Lease::drop)
-//! BUSY(dead)   -> EMPTY          recover_dead(): its holder died; the segment is unlinked
-//! FREE         -> EMPTY          evicted by take() to make room under the cap; unlinked
+//! EMPTY        -> BUSY(writer)   take() (lock): a new segment of slot_size(len) bytes
+//! FREE         -> BUSY(writer)   take() (lock): the smallest free segment that holds the message
+//! BUSY(writer) -> BUSY(0)        commit: the record in the ring holds it (the writer's store)
+//! BUSY(0)      -> BUSY(reader)   claim (lock): the reader's views of the message hold it
+//! BUSY(reader) -> BUSY(0)        repair (lock): the reader died before its claim completed
+//! BUSY(reader) -> FREE           the reader's last view is gone (Lease::drop: compare-and-swap,
+//!                                no lock, so dropping a view never waits)
+//! BUSY(dead)   -> EMPTY          repair (lock): its holder died; the segment is unlinked
+//! FREE         -> EMPTY          evicted by take() to make room under the cap, or by close();
+//!                                unlinked
 //! ```
+//! Holders are party numbers of the queue (`queue::parties`), judged alive or dead by their
+//! liveness tokens. `pool_bytes` is derived (the sizes of the slots that are not EMPTY) and
+//! rebuilt by repair.
 //! The segments of existing slots stay named (`<queue name>.<idx>.<gen>`, which carries the
-//! queue owner's pid) so that any process of the queue can map them; the queue's owner unlinks
-//! them when it drops the queue, and [`crate::shm::sweep_stale`] removes them if the owner was
-//! killed. At most `pool_cap` bytes of segments exist at once; a message that cannot get a
+//! queue owner's identity) so that any process of the queue can map them; `close()` unlinks the
+//! free ones at once and the rest as they are freed, the queue's owner unlinks all of them when
+//! it drops the queue, and if the owner is killed a survivor or the next sweep
+//! ([`crate::shm::sweep_stale`]) removes them, judging the owner by its liveness token. At most `pool_cap` bytes of segments exist at once; a message that cannot get a
 //! slot within that cap travels in a one-shot segment instead, as before.
 //!
 //! # Shared-memory layout
 //! [`SlotTable`] is `#[repr(C)]` and lives inside the queue's header page: four u64 words
 //! (`pool_bytes`, `pool_cap`, `last_gen`, reserved), then [`SLOTS`] 32-byte [`Slot`]s
-//! (`state: u32, holder: u32, size: u64, gen: u64, reserved: u64`).
+//! (`word: u64` = state | holder << 32, `size: u64, gen: u64, reserved: u64`).
 
 use crate::error::{CoreError, Result};
-use crate::pidlock::PidLock;
 use crate::shm::{unlink_name, Segment};
-use crate::wait::{current_pid, pid_alive};
+use crate::shmlock::ShmLock;
+use crate::wait::current_pid;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
@@ -46,11 +55,11 @@ const BUSY: u32 = 2;
 /// One pooled segment's state word and identity.
 #[repr(C)]
 pub struct Slot {
-    state: AtomicU32,
-    /// BUSY: the pid holding it (the writer while writing, the reader while its views live),
-    /// or 0 while a committed record in the ring holds it.
-    holder: AtomicU32,
-    /// Bytes of the segment (0 when EMPTY).
+    /// `state | holder << 32`. BUSY: the holder is the party holding it (the writer while
+    /// writing, the reader while its views live), or 0 while a committed record in the ring
+    /// holds it; other states have holder 0.
+    word: AtomicU64,
+    /// Bytes of the segment (0 when EMPTY). Changed under the lock.
     size: AtomicU64,
     /// Generation, part of the segment's name; new for every segment the slot gets.
     gen: AtomicU64,
@@ -95,6 +104,26 @@ pub fn slot_name(queue: &str, idx: usize, gen: u64) -> String {
     format!("{queue}.{idx:x}.{gen:x}")
 }
 
+fn pack(state: u32, holder: u32) -> u64 {
+    u64::from(state) | (u64::from(holder) << 32)
+}
+
+impl Slot {
+    /// `(state, holder)`.
+    fn get(&self) -> (u32, u32) {
+        let w = self.word.load(Ordering::Acquire);
+        (w as u32, (w >> 32) as u32)
+    }
+
+    fn set(&self, state: u32, holder: u32) {
+        self.word.store(pack(state, holder), Ordering::Release);
+    }
+
+    fn state(&self) -> u32 {
+        self.get().0
+    }
+}
+
 impl SlotTable {
     /// Sets the cap at queue creation (the table starts zeroed: every slot EMPTY).
     pub fn init(&self, pool_cap: u64) {
@@ -113,14 +142,13 @@ impl SlotTable {
         &self.slots[idx]
     }
 
-    /// Under the lock: a slot for a body of `len` bytes, held by this process, or `None` when
+    /// Under the lock: a slot for a body of `len` bytes, held by party `me`, or `None` when
     /// the pool cannot give one (the caller then uses a one-shot segment). Free slots evicted
     /// to make room are unlinked here.
-    pub fn take(&self, queue: &str, len: u64) -> Option<Taken> {
-        let me = current_pid();
+    pub fn take(&self, queue: &str, len: u64, me: u32) -> Option<Taken> {
         let mut best: Option<usize> = None;
         for (i, s) in self.slots.iter().enumerate() {
-            if s.state.load(Ordering::Relaxed) == FREE {
+            if s.state() == FREE {
                 let size = s.size.load(Ordering::Relaxed);
                 let smaller = match best {
                     Some(b) => size < self.slot(b).size.load(Ordering::Relaxed),
@@ -133,8 +161,7 @@ impl SlotTable {
         }
         if let Some(i) = best {
             let s = self.slot(i);
-            s.holder.store(me, Ordering::Relaxed);
-            s.state.store(BUSY, Ordering::Relaxed);
+            s.set(BUSY, me);
             return Some(Taken {
                 idx: i,
                 gen: s.gen.load(Ordering::Relaxed),
@@ -150,14 +177,14 @@ impl SlotTable {
         let evictable: u64 = self
             .slots
             .iter()
-            .filter(|s| s.state.load(Ordering::Relaxed) == FREE)
+            .filter(|s| s.state() == FREE)
             .map(|s| s.size.load(Ordering::Relaxed))
             .sum();
-        let empty = self
-            .slots
-            .iter()
-            .position(|s| s.state.load(Ordering::Relaxed) == EMPTY);
-        if size > cap || used - evictable + size > cap || (empty.is_none() && evictable == 0) {
+        let empty = self.slots.iter().position(|s| s.state() == EMPTY);
+        if size > cap
+            || used.saturating_sub(evictable).saturating_add(size) > cap
+            || (empty.is_none() && evictable == 0)
+        {
             return None;
         }
         let mut used = used;
@@ -166,7 +193,7 @@ impl SlotTable {
             if used + size <= cap && idx.is_some() {
                 break;
             }
-            if s.state.load(Ordering::Relaxed) == FREE {
+            if s.state() == FREE {
                 used -= self.evict(queue, i);
                 idx.get_or_insert(i);
             }
@@ -176,8 +203,7 @@ impl SlotTable {
         let gen = self.last_gen.fetch_add(1, Ordering::Relaxed) + 1;
         s.gen.store(gen, Ordering::Relaxed);
         s.size.store(size, Ordering::Relaxed);
-        s.holder.store(me, Ordering::Relaxed);
-        s.state.store(BUSY, Ordering::Relaxed);
+        s.set(BUSY, me);
         self.pool_bytes.store(used + size, Ordering::Relaxed);
         Some(Taken {
             idx,
@@ -192,13 +218,12 @@ impl SlotTable {
         let s = self.slot(t.idx);
         if t.fresh {
             // Its segment was never made: nothing to unlink.
-            s.state.store(EMPTY, Ordering::Relaxed);
+            s.set(EMPTY, 0);
             s.size.store(0, Ordering::Relaxed);
             self.pool_bytes.fetch_sub(t.size, Ordering::Relaxed);
         } else {
-            s.state.store(FREE, Ordering::Relaxed);
+            s.set(FREE, 0);
         }
-        s.holder.store(0, Ordering::Relaxed);
     }
 
     /// Under the lock: empties slot `idx`, unlinks its segment; returns the bytes it had.
@@ -206,9 +231,8 @@ impl SlotTable {
         let s = self.slot(idx);
         let size = s.size.load(Ordering::Relaxed);
         let _ = unlink_name(&slot_name(queue, idx, s.gen.load(Ordering::Relaxed)));
-        s.state.store(EMPTY, Ordering::Relaxed);
+        s.set(EMPTY, 0);
         s.size.store(0, Ordering::Relaxed);
-        s.holder.store(0, Ordering::Relaxed);
         self.pool_bytes.fetch_sub(size, Ordering::Relaxed);
         size
     }
@@ -216,28 +240,40 @@ impl SlotTable {
     fn is(&self, idx: usize, gen: u64) -> bool {
         idx < SLOTS
             && self.slot(idx).gen.load(Ordering::Relaxed) == gen
-            && self.slot(idx).state.load(Ordering::Relaxed) == BUSY
+            && self.slot(idx).state() == BUSY
+    }
+
+    /// Whether slot `idx` is busy with generation `gen` (a record's slot is still there).
+    pub fn holds(&self, idx: usize, gen: u64) -> bool {
+        self.is(idx, gen)
     }
 
     /// Commit: the record in the ring now holds the slot (no lock needed: only the writer,
     /// alive, touches a slot it holds).
     pub fn hand_to_ring(&self, idx: usize) {
-        self.slot(idx).holder.store(0, Ordering::Release);
+        self.slot(idx).set(BUSY, 0);
     }
 
-    /// Under the lock: the reader `pid` holds the slot from its claim on.
-    pub fn hand_to(&self, idx: usize, gen: u64, pid: u32) {
+    /// Under the lock: party `p` (a reader) holds the slot from its claim on; `p = 0` gives
+    /// it back to the ring (repair of a claim its reader did not finish).
+    pub fn hand_to(&self, idx: usize, gen: u64, p: u32) {
         if self.is(idx, gen) {
-            self.slot(idx).holder.store(pid, Ordering::Relaxed);
+            self.slot(idx).set(BUSY, p);
         }
     }
 
-    /// Under the lock: the holder `pid` is done with the slot; its segment is kept for reuse.
-    pub fn give_back(&self, idx: usize, gen: u64, pid: u32) {
-        if self.is(idx, gen) && self.slot(idx).holder.load(Ordering::Relaxed) == pid {
-            self.slot(idx).holder.store(0, Ordering::Relaxed);
-            self.slot(idx).state.store(FREE, Ordering::Relaxed);
+    /// Lock-free: the holder `p` is done with the slot; its segment is kept for reuse. Does
+    /// nothing if the slot is no longer `p`'s (repair took it from a party judged dead).
+    pub fn give_back(&self, idx: usize, gen: u64, p: u32) {
+        if idx >= SLOTS || self.slot(idx).gen.load(Ordering::Relaxed) != gen {
+            return;
         }
+        let _ = self.slot(idx).word.compare_exchange(
+            pack(BUSY, p),
+            pack(FREE, 0),
+            Ordering::AcqRel,
+            Ordering::Relaxed,
+        );
     }
 
     /// Under the lock: drops a busy slot and its segment (a failed write, a dead holder).
@@ -247,12 +283,12 @@ impl SlotTable {
         }
     }
 
-    /// Under the lock: discards slots whose holder died. Returns how many.
-    pub fn recover_dead(&self, queue: &str) -> usize {
+    /// Under the lock: unlinks and empties every free slot (the queue is closing: no message
+    /// will need them). Returns how many.
+    pub fn evict_free(&self, queue: &str) -> usize {
         let mut n = 0;
-        for (i, s) in self.slots.iter().enumerate() {
-            let holder = s.holder.load(Ordering::Relaxed);
-            if s.state.load(Ordering::Relaxed) == BUSY && holder != 0 && !pid_alive(holder) {
+        for i in 0..SLOTS {
+            if self.slot(i).state() == FREE {
                 self.evict(queue, i);
                 n += 1;
             }
@@ -260,27 +296,50 @@ impl SlotTable {
         n
     }
 
-    /// Marks slot `idx` as held by `pid` (tests: simulate a holder that died).
+    /// Under the lock, after the lock was taken over or a dead party found: discards slots
+    /// whose holder is dead, clears what a dead `take`/`evict` left half-done, and rebuilds
+    /// `pool_bytes`. Returns how many slots were discarded.
+    pub fn repair(&self, queue: &str, dead: &[u32]) -> usize {
+        let mut n = 0;
+        let mut bytes = 0;
+        for (i, s) in self.slots.iter().enumerate() {
+            let (state, holder) = s.get();
+            if state == BUSY && holder != 0 && dead.contains(&holder) {
+                let _ = unlink_name(&slot_name(queue, i, s.gen.load(Ordering::Relaxed)));
+                s.set(EMPTY, 0);
+                n += 1;
+            }
+            if s.state() == EMPTY {
+                s.size.store(0, Ordering::Relaxed);
+            }
+            bytes += s.size.load(Ordering::Relaxed);
+        }
+        self.pool_bytes.store(bytes, Ordering::Relaxed);
+        n
+    }
+
+    /// Marks slot `idx` as held by party `p` (tests: simulate a holder that died).
     #[cfg(test)]
-    pub fn set_holder(&self, idx: usize, pid: u32) {
-        self.slot(idx).holder.store(pid, Ordering::Relaxed);
+    pub fn set_holder(&self, idx: usize, p: u32) {
+        self.slot(idx).set(BUSY, p);
     }
 
     /// Unlinks the segment of every slot that has one (the owner, dropping the queue).
     pub fn unlink_all(&self, queue: &str) {
         for (i, s) in self.slots.iter().enumerate() {
-            if s.state.load(Ordering::Relaxed) != EMPTY {
+            if s.state() != EMPTY {
                 let _ = unlink_name(&slot_name(queue, i, s.gen.load(Ordering::Relaxed)));
             }
         }
     }
 }
 
-/// Where to find the lock and the table inside a queue segment, for a [`Lease`] that may
-/// outlive the queue handle.
+/// Where to find the lock, the closed flag and the table inside a queue segment, for a
+/// [`Lease`] that may outlive the queue handle.
 #[derive(Clone, Copy, Debug)]
 pub struct TableAt {
     pub lock: usize,
+    pub closed: usize,
     pub table: usize,
 }
 
@@ -291,16 +350,20 @@ pub struct Lease {
     at: TableAt,
     idx: usize,
     gen: u64,
+    /// The holding party (in the queue's party table).
+    party: u32,
+    /// The process that holds it: a forked child's copy of the lease frees nothing.
     pid: u32,
 }
 
 impl Lease {
-    pub fn new(qseg: Arc<Segment>, at: TableAt, idx: usize, gen: u64) -> Self {
+    pub fn new(qseg: Arc<Segment>, at: TableAt, idx: usize, gen: u64, party: u32) -> Self {
         Lease {
             qseg,
             at,
             idx,
             gen,
+            party,
             pid: current_pid(),
         }
     }
@@ -312,17 +375,26 @@ impl Drop for Lease {
         if current_pid() != self.pid {
             return;
         }
-        // SAFETY: `at` holds the offsets of the queue header's PidLock and SlotTable inside
-        // `qseg` (fixed by the layout, checked at attach); the mapping lives as long as `qseg`.
-        let (lock, table) = unsafe {
+        // SAFETY: `at` holds the offsets of the queue header's ShmLock, closed flag and
+        // SlotTable inside `qseg` (fixed by the layout, checked at attach); the mapping lives
+        // as long as `qseg`.
+        let (lock, closed, table) = unsafe {
             let base = self.qseg.as_ptr();
             (
-                &*(base.add(self.at.lock) as *const PidLock),
+                &*(base.add(self.at.lock) as *const ShmLock),
+                &*(base.add(self.at.closed) as *const AtomicU32),
                 &*(base.add(self.at.table) as *const SlotTable),
             )
         };
-        let _g = lock.lock();
-        table.give_back(self.idx, self.gen, self.pid);
+        // One compare-and-swap: dropping a view never waits, whoever holds the lock.
+        table.give_back(self.idx, self.gen, self.party);
+        if closed.load(Ordering::Acquire) != 0 {
+            // Closed: no message will need the segment again; unlink it now if the lock is
+            // free (else the owner's drop or a sweep does).
+            if let Some(_g) = lock.try_lock(self.party) {
+                table.evict_free(self.qseg.name());
+            }
+        }
     }
 }
 
@@ -336,6 +408,8 @@ pub struct SideBuf {
 
 impl SideBuf {
     pub fn new(seg: Arc<Segment>, lease: Option<Lease>) -> Self {
+        // Views must survive a fork unchanged (see crate::forkviews).
+        crate::forkviews::register(seg.as_ptr(), seg.len());
         SideBuf { seg, lease }
     }
 
@@ -366,8 +440,15 @@ impl SideBuf {
     }
 }
 
-/// A mapping of one generation of a slot.
-type Mapped = Option<(u64, Arc<Segment>)>;
+impl Drop for SideBuf {
+    fn drop(&mut self) {
+        crate::forkviews::unregister(self.seg.as_ptr());
+    }
+}
+
+/// A mapping of one generation of a slot, made in one fork epoch (a mapping that views made
+/// private before a fork no longer reaches the shared segment: see crate::forkviews).
+type Mapped = Option<(u64, u64, Arc<Segment>)>;
 
 /// This process's mappings of slot segments, so a slot is mapped once, not per message.
 pub struct SlotMaps {
@@ -415,13 +496,14 @@ impl SlotMaps {
                 Err(TryLockError::WouldBlock) => return map(),
             }
         };
-        if let Some((gen, seg)) = &guard[t.idx] {
-            if *gen == t.gen {
+        let epoch = crate::forkviews::epoch();
+        if let Some((gen, at, seg)) = &guard[t.idx] {
+            if *gen == t.gen && *at == epoch {
                 return Ok(seg.clone());
             }
         }
         let seg = map()?;
-        guard[t.idx] = Some((t.gen, seg.clone()));
+        guard[t.idx] = Some((t.gen, epoch, seg.clone()));
         Ok(seg)
     }
 }

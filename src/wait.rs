@@ -1,5 +1,6 @@
 //! The portable OS layer under every blocking call: wait until a 32-bit word in (shared)
-//! memory changes, wake its waiters, and tell whether a process is still alive.
+//! memory changes, wake its waiters; and this process's id, cached. (Whether another process
+//! is alive is [`crate::liveness`]'s job, never `kill(pid, 0)`'s.)
 //!
 //! On Linux the wait is a futex on a word that may live in a `MAP_SHARED` mapping, so it works
 //! across processes (no `FUTEX_PRIVATE_FLAG`). Elsewhere a short sleep-and-recheck loop stands
@@ -27,6 +28,11 @@ pub fn wake_all(word: &AtomicU32) {
 /// Wakes at most one thread blocked in [`wait`] on `word`.
 pub fn wake_one(word: &AtomicU32) {
     imp::wake(word, 1)
+}
+
+/// Wakes at most `n` threads blocked in [`wait`] on `word`.
+pub fn wake(word: &AtomicU32, n: u32) {
+    imp::wake(word, n.min(i32::MAX as u32) as i32)
 }
 
 #[cfg(target_os = "linux")]
@@ -117,16 +123,6 @@ pub fn current_pid() -> u32 {
     CACHED_PID.load(Ordering::Relaxed)
 }
 
-/// Whether a process with this pid exists (it may be a zombie not yet reaped).
-pub fn pid_alive(pid: u32) -> bool {
-    if pid == 0 || pid > i32::MAX as u32 {
-        return false;
-    }
-    // SAFETY: kill with signal 0 sends nothing; it only checks existence and permission.
-    let r = unsafe { libc::kill(pid as libc::pid_t, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,12 +151,5 @@ mod tests {
         w.store(7, Ordering::SeqCst);
         wake_all(&w);
         assert_eq!(h.join().unwrap(), 7);
-    }
-
-    #[test]
-    fn own_pid_is_alive_and_bogus_is_not() {
-        assert!(pid_alive(current_pid()));
-        assert!(!pid_alive(0));
-        assert!(!pid_alive(u32::MAX));
     }
 }

@@ -7,12 +7,21 @@ Routes, each serving ``server.files[<name>]``:
 * ``/truncated/<name>`` announces the full length, sends half, then hangs up
 * ``/nolength/<name>``  no ``Content-Length``; the end of the body is the closed connection
 * ``/status/<code>``    an error response with that status
+* ``/stall/<name>``     announces the full length, sends the first ``STALL_BYTES`` bytes, then
+  sends nothing more until the server stops (or 30 s pass)
+* ``/loop/<name>``      redirects to itself, for ever
+* ``/redirect/<name>``  redirects to ``/files/<name>``
+* ``/away/<name>?to=<url>`` redirects to ``<url>`` (another server)
+* ``/auth/<name>``      the file if the request has basic auth for ``server.credentials``
+  (``(user, password)``), else 401
 
-Every request is counted in ``server.hits[<path without query>]``.
+Every request is counted in ``server.hits[<path without query>]``; the ``Authorization``
+header of each is kept in ``server.authorizations[<path>]`` (None when absent).
 """
 
 from __future__ import annotations
 
+import base64
 import collections
 import contextlib
 import socket
@@ -20,7 +29,9 @@ import threading
 import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
+
+STALL_BYTES = 1000
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -37,14 +48,38 @@ class _Handler(BaseHTTPRequestHandler):
         self._serve(head=False)
 
     def _serve(self, head: bool) -> None:
-        path = urlsplit(self.path).path
-        self.server.count(path)
+        parts = urlsplit(self.path)
+        path = parts.path
+        self.server.count(path, self.headers.get("Authorization"))
         route, _, name = path.lstrip("/").partition("/")
         if route == "status":
             self.send_error(int(name))
             return
+        if route in ("loop", "redirect", "away"):
+            if route == "loop":
+                target = path
+            elif route == "redirect":
+                target = f"/files/{name}"
+            else:
+                target = parse_qs(parts.query)["to"][0]
+            self.send_response(302)
+            self.send_header("Location", target)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        if route == "auth":
+            user, password = self.server.credentials
+            expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+            if self.headers.get("Authorization") != expected:
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="test"')
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                return
+            route = "files"
         body = self.server.files.get(unquote(name))
-        if body is None or route not in ("files", "slow", "truncated", "nolength"):
+        routes = ("files", "slow", "truncated", "nolength", "stall")
+        if body is None or route not in routes:
             self.send_error(404)
             return
         self.send_response(200)
@@ -58,6 +93,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(body[: len(body) // 2])
             self.wfile.flush()
             self.connection.shutdown(socket.SHUT_RDWR)
+        elif route == "stall":
+            self.wfile.write(body[:STALL_BYTES])
+            self.wfile.flush()
+            self.server.stopping.wait(timeout=30)
         elif route == "slow":
             for i in range(0, len(body), 16384):
                 self.wfile.write(body[i : i + 16384])
@@ -74,11 +113,15 @@ class LocalHTTPServer(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.files = files
         self.hits: collections.Counter[str] = collections.Counter()
+        self.authorizations: dict[str, str | None] = {}
+        self.credentials = ("user", "p@ss:word")
+        self.stopping = threading.Event()
         self._hits_lock = threading.Lock()
 
-    def count(self, path: str) -> None:
+    def count(self, path: str, authorization: str | None = None) -> None:
         with self._hits_lock:
             self.hits[path] += 1
+            self.authorizations[path] = authorization
 
     def url(self, path: str) -> str:
         host, port = self.server_address[:2]
@@ -95,6 +138,7 @@ def serve(files: dict[str, bytes]) -> Iterator[LocalHTTPServer]:
     try:
         yield server
     finally:
+        server.stopping.set()
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)

@@ -15,11 +15,14 @@ SHM = "/dev/shm"
 
 
 def _segments() -> set[str]:
-    """Segments owned by this process (names carry the owner's pid; queues and their side
-    segments are owned by the process that created the queue)."""
-    prefix = f"ec.{os.getpid()}."
+    """Segments owned by this process (names carry the owner's identity tag, `<pid>-<nonce>`;
+    queues and their side segments are owned by the process that created the queue). The
+    process's own liveness token (`.live`) lives as long as the process and is not a leak."""
+    prefix = f"ec.{os.getpid()}-"
     try:
-        return {n for n in os.listdir(SHM) if n.startswith(prefix)}
+        return {
+            n for n in os.listdir(SHM) if n.startswith(prefix) and not n.endswith((".live", ".tmp"))
+        }
     except FileNotFoundError:
         return set()
 

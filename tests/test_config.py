@@ -523,8 +523,10 @@ def test_merge_from_list_follows_the_old_type() -> None:
     assert cfg.LR == 1.0 and isinstance(cfg.LR, float)
     assert cfg.SIZE == (3, 4)
     assert cfg.STEPS == [5, 6]
-    cfg.merge_from_list(["N", 2.5, "D", {"x": 1}])  # Python values are taken as they are
-    assert cfg.N == 2.5 and isinstance(cfg.D, CfgNode)
+    cfg.merge_from_list(["N", 3, "D", {"x": 1}])  # Python values are checked the same way
+    assert cfg.N == 3 and isinstance(cfg.D, CfgNode)
+    with pytest.raises(InvalidConfigError, match="'N'.*an int"):
+        cfg.merge_from_list(["N", 2.5])
 
 
 def test_merge_from_list_errors() -> None:
@@ -857,7 +859,7 @@ def test_plain_open_keeps_base_key(data_dir: Path) -> None:
     assert cfg.__BASE__ == "./example-B.yaml" and "B" not in cfg
 
 
-def test_hierarchical_base_as_absolute_path_and_relative_to_cwd(
+def test_hierarchical_base_as_absolute_path_never_relative_to_cwd(
     data_dir: Path, tmp_path: Path, monkeypatch
 ) -> None:
     other = tmp_path / "elsewhere"
@@ -865,15 +867,14 @@ def test_hierarchical_base_as_absolute_path_and_relative_to_cwd(
     absolute = other / "abs.yaml"
     absolute.write_text(f"__BASE__: {data_dir / 'example-B.yaml'}\nA: abs\n", encoding="utf-8")
     assert HierarchicalCfgNode.open(absolute) == {"A": "abs", "B": "in example-B.yaml"}
-    # Not next to the file: taken as given, here relative to the working directory.
-    monkeypatch.chdir(data_dir)
+    # Not next to the file: relative to the file, then absolute only (as the manual says);
+    # the working directory is never searched, so a config opens the same from anywhere.
+    monkeypatch.chdir(data_dir)  # data_dir/example-B.yaml exists
     cwd_relative = other / "cwd.yaml"
     cwd_relative.write_text("__BASE__: example-B.yaml\nC: 1\n", encoding="utf-8")
-    assert HierarchicalCfgNode.open(cwd_relative) == {
-        "A": "in example-B.yaml",
-        "B": "in example-B.yaml",
-        "C": 1,
-    }
+    with pytest.raises(BaseConfigNotFoundError, match="relative to the file") as info:
+        HierarchicalCfgNode.open(cwd_relative)
+    assert str(other / "example-B.yaml") in str(info.value)
 
 
 def test_hierarchical_relative_to_file_wins_over_cwd(data_dir: Path, monkeypatch) -> None:

@@ -302,5 +302,5 @@ def test_shared_memory_errors_are_clear():
     space = shm_space()
     assert space is not None and space[1] > 0
     with pytest.raises(SharedMemoryError, match="/dev/shm"):
-        Queue(capacity_bytes=1 << 50)
+        Queue(capacity_bytes=1 << 39)
     assert sweep_stale_segments() >= 0

@@ -37,7 +37,8 @@ pub(crate) fn to_py(py: Python<'_>, e: CoreError) -> PyErr {
         CoreError::Closed => make(py, "QueueClosed", msg),
         CoreError::Empty => make(py, "QueueEmpty", msg),
         CoreError::Full => make(py, "QueueFull", msg),
-        CoreError::Timeout(_) => make(py, "EasycoreTimeoutError", msg),
+        CoreError::Timeout(_) | CoreError::Busy { .. } => make(py, "EasycoreTimeoutError", msg),
+        CoreError::Partial { source, .. } => to_py(py, *source),
         CoreError::NoSpace { .. } | CoreError::BadSegment(_) => make(py, "SharedMemoryError", msg),
         CoreError::Invalid(_) => make(py, "InvalidArgument", msg),
         CoreError::Io { ref source, .. } => {

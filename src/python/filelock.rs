@@ -1,21 +1,19 @@
 //! `easycore._core.FileLock`: the core's inter-process file lock for Python.
 
 use super::errors::{make, IntoPy};
-use super::{deadline, expired, tick};
-use crate::lock::FileLock;
+use super::{check_timeout, deadline, expired, tick};
+use crate::filelock::{Holder, SharedFileLock};
 use pyo3::prelude::*;
-use std::path::PathBuf;
-use std::sync::Mutex;
 
 /// An exclusive lock on a file, across processes and threads; released if the holder dies.
 ///
 /// `acquire(blocking=True, timeout=None)` returns whether the lock was taken (False on
 /// timeout, like `threading.Lock`); `with lock:` waits up to the `timeout` given at
-/// construction (None: forever) and raises `EasycoreTimeoutError` past it.
+/// construction (None: forever) and raises `EasycoreTimeoutError` past it. Threads sharing one
+/// object wait for each other; the thread that holds it gets an error if it enters it again.
 #[pyclass(module = "easycore._core", name = "FileLock", frozen)]
 pub struct PyFileLock {
-    inner: Mutex<FileLock>,
-    path: PathBuf,
+    inner: SharedFileLock,
     timeout: Option<f64>,
 }
 
@@ -24,11 +22,7 @@ impl PyFileLock {
         let d = deadline(block, timeout)?;
         loop {
             let t = tick(d);
-            let got = py.detach(|| {
-                let mut l = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-                l.acquire_until(Some(t))
-            });
-            if got.py_err()? {
+            if py.detach(|| self.inner.acquire_until(Some(t))).py_err()? {
                 return Ok(true);
             }
             if expired(d) {
@@ -37,33 +31,49 @@ impl PyFileLock {
             py.check_signals()?;
         }
     }
+
+    fn timeout_message(&self) -> String {
+        let who = match self.inner.holder() {
+            Holder::OtherThread => {
+                "another thread of this process holds it through the same lock object".to_string()
+            }
+            Holder::ThisProcess => "this process holds it, through another lock object on the \
+                                    same file (file_lock is not reentrant)"
+                .to_string(),
+            Holder::Process(pid) => format!("process {pid} holds it"),
+            Holder::Unknown => "another process holds it".to_string(),
+        };
+        format!(
+            "could not lock {} within {} s: {who}. Raise the timeout if the holder needs \
+             longer; a lock whose holder dies is released at once",
+            self.inner.path().display(),
+            self.timeout.unwrap_or(0.0)
+        )
+    }
 }
 
 #[pymethods]
 impl PyFileLock {
     #[new]
     #[pyo3(signature = (path, timeout = None))]
-    fn new(path: PathBuf, timeout: Option<f64>) -> Self {
-        PyFileLock {
-            inner: Mutex::new(FileLock::new(&path)),
-            path,
+    fn new(path: std::path::PathBuf, timeout: Option<f64>) -> PyResult<Self> {
+        check_timeout(timeout)?;
+        Ok(PyFileLock {
+            inner: SharedFileLock::new(path),
             timeout,
-        }
+        })
     }
 
     /// The locked file.
     #[getter]
     fn path(&self) -> String {
-        self.path.to_string_lossy().into_owned()
+        self.inner.path().to_string_lossy().into_owned()
     }
 
     /// Whether this object holds the lock.
     #[getter]
     fn locked(&self) -> bool {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_locked()
+        self.inner.is_locked()
     }
 
     /// Takes the lock; False if `timeout` seconds passed (or at once when not blocking).
@@ -74,25 +84,13 @@ impl PyFileLock {
 
     /// Releases the lock (a no-op if not held).
     fn release(&self) {
-        self.inner
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .release()
+        self.inner.release()
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
         let me = slf.get();
         if !me.acquire_inner(slf.py(), true, me.timeout)? {
-            return Err(make(
-                slf.py(),
-                "EasycoreTimeoutError",
-                format!(
-                    "could not lock {} within {} s: another process holds it. If no process \
-                     should, delete the file or raise the timeout",
-                    me.path.display(),
-                    me.timeout.unwrap_or(0.0)
-                ),
-            ));
+            return Err(make(slf.py(), "EasycoreTimeoutError", me.timeout_message()));
         }
         Ok(slf)
     }
@@ -106,7 +104,7 @@ impl PyFileLock {
     fn __repr__(&self) -> String {
         format!(
             "<easycore FileLock {} {}>",
-            self.path.display(),
+            self.inner.path().display(),
             if self.locked() { "locked" } else { "unlocked" }
         )
     }

@@ -56,10 +56,41 @@ fn shm_space() -> Option<(u64, u64)> {
     crate::shm::shm_space()
 }
 
-/// Whether a process with this pid exists.
+/// Whether the process with this identity tag (`<pid>-<nonce>`, as `Queue.owner`) is alive,
+/// judged by its liveness token (zombies are dead, stopped processes alive).
 #[pyfunction]
-fn pid_alive(pid: u32) -> bool {
-    crate::wait::pid_alive(pid)
+fn owner_alive(tag: &str) -> PyResult<bool> {
+    let id = crate::liveness::Identity::from_tag(tag)
+        .ok_or_else(|| errors::invalid(&format!("not an identity tag: {tag:?}")))?;
+    Ok(crate::liveness::alive(id))
+}
+
+/// This process's identity tag (`<pid>-<nonce>`), making its liveness token if needed.
+#[pyfunction]
+fn identity() -> PyResult<String> {
+    use errors::IntoPy;
+    crate::liveness::me().map(|id| id.tag()).py_err()
+}
+
+/// Starts a watchdog thread that waits (without polling) for the death of the process
+/// `owner_tag`, then removes the shared memory it left and ends this process at once with
+/// `exit_code` (`_exit`: no Python code runs). For processes that must not outlive their
+/// parent, whatever kills it. Returns immediately.
+#[pyfunction]
+#[pyo3(signature = (owner_tag, exit_code = 70))]
+fn exit_when_dead(owner_tag: &str, exit_code: i32) -> PyResult<()> {
+    let id = crate::liveness::Identity::from_tag(owner_tag)
+        .ok_or_else(|| errors::invalid(&format!("not an identity tag: {owner_tag:?}")))?;
+    std::thread::Builder::new()
+        .name("easycore-owner-watch".into())
+        .spawn(move || {
+            crate::liveness::wait_for_death(id);
+            crate::shm::sweep_owner(id);
+            // SAFETY: _exit ends the process at once; nothing of ours needs to run.
+            unsafe { libc::_exit(exit_code) };
+        })
+        .map_err(|e| errors::invalid(&format!("cannot start the watchdog thread: {e}")))?;
+    Ok(())
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -69,7 +100,9 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<filelock::PyFileLock>()?;
     m.add_function(wrap_pyfunction!(sweep_stale_segments, m)?)?;
     m.add_function(wrap_pyfunction!(shm_space, m)?)?;
-    m.add_function(wrap_pyfunction!(pid_alive, m)?)?;
+    m.add_function(wrap_pyfunction!(owner_alive, m)?)?;
+    m.add_function(wrap_pyfunction!(identity, m)?)?;
+    m.add_function(wrap_pyfunction!(exit_when_dead, m)?)?;
     m.add("SHM_PREFIX", crate::shm::NAME_PREFIX)?;
     Ok(())
 }

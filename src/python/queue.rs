@@ -33,6 +33,20 @@ pub struct PyQueue {
     wait_ns: AtomicU64,
 }
 
+/// `e` as a Python exception with a `count` attribute: how many messages of the call were
+/// put before it failed (so a retry does not put them twice).
+fn counted(py: Python<'_>, e: CoreError, done: usize) -> PyErr {
+    match e {
+        CoreError::Partial { done: n, source } => with_count(py, to_py(py, *source), done + n),
+        e => with_count(py, to_py(py, e), done),
+    }
+}
+
+fn with_count(py: Python<'_>, e: PyErr, done: usize) -> PyErr {
+    let _ = e.value(py).setattr("count", done);
+    e
+}
+
 /// Pending copies out of shared memory, done after the GIL is released.
 struct Copies(Vec<(*const u8, *mut u8, usize)>);
 
@@ -111,8 +125,14 @@ impl PyQueue {
         check_timeout(timeout)?;
         let mut done = 0;
         if total <= GIL_COPY_LIMIT {
-            // Small: copy with the GIL held, and read the clock only if we must wait.
-            done = self.q.try_put_many(msgs).map_err(|e| to_py(py, e))?;
+            // Small: copy with the GIL held (only *trying* the lock: a holder that is slow,
+            // stopped or dead is waited for below, with the GIL released), and read the clock
+            // only if we must wait.
+            match self.q.try_put_many(msgs) {
+                Ok(n) => done = n,
+                Err(CoreError::Busy { .. }) => {}
+                Err(e) => return Err(counted(py, e, 0)),
+            }
             if done == msgs.len() {
                 return Ok(done);
             }
@@ -125,23 +145,27 @@ impl PyQueue {
             match py.detach(|| self.q.put_many(rest, Some(t))) {
                 Ok(n) => done += n,
                 Err(CoreError::Full) => {}
-                Err(e) => break Err(to_py(py, e)),
+                Err(CoreError::Partial { done: n, source }) => {
+                    break Err(counted(py, *source, done + n));
+                }
+                Err(e) => break Err(counted(py, e, done)),
             }
             if done == msgs.len() {
                 break Ok(done);
             }
             if expired(deadline) {
-                break Err(make(
+                let e = make(
                     py,
                     "QueueFull",
                     format!(
                         "the queue is full: {done} of {} messages were put before the timeout",
                         msgs.len()
                     ),
-                ));
+                );
+                break Err(with_count(py, e, done));
             }
             if let Err(e) = py.check_signals() {
-                break Err(e);
+                break Err(with_count(py, e, done));
             }
         };
         self.record_wait(start);
@@ -154,9 +178,11 @@ impl PyQueue {
         max: usize,
         deadline: Option<Instant>,
     ) -> PyResult<Vec<Claimed>> {
+        // With the GIL held, only a look that cannot wait (the lock is only tried).
         match self.q.claim(max, Some(Instant::now())) {
             Ok(c) => return Ok(c),
-            Err(CoreError::Empty) if !expired(deadline) => {}
+            Err(CoreError::Empty | CoreError::Busy { .. }) if !expired(deadline) => {}
+            Err(CoreError::Busy { .. }) => return Err(to_py(py, CoreError::Empty)),
             Err(e) => return Err(to_py(py, e)),
         }
         let start = Instant::now();
@@ -164,7 +190,7 @@ impl PyQueue {
             let t = tick(deadline);
             match py.detach(|| self.q.claim(max, Some(t))) {
                 Ok(c) => break Ok(c),
-                Err(CoreError::Empty) => {}
+                Err(CoreError::Empty | CoreError::Busy { .. }) => {}
                 Err(e) => break Err(to_py(py, e)),
             }
             if expired(deadline) {
@@ -201,6 +227,7 @@ impl PyQueue {
             }
             Small::NotSmall => Small::NotSmall,
             Small::Empty => Small::Empty,
+            Small::Busy => Small::Busy,
         })
     }
 
@@ -381,8 +408,25 @@ impl PyQueue {
     }
 
     /// Closes the queue for everyone: blocked calls wake with QueueClosed; gets drain first.
-    fn close(&self) {
-        self.q.close()
+    /// Pooled segments that no message holds are unlinked at once, the others when freed.
+    fn close(&self, py: Python<'_>) {
+        let deadline = Instant::now() + Duration::from_millis(500);
+        py.detach(|| self.q.close(Some(deadline)))
+    }
+
+    /// The identity tag (`<pid>-<nonce>`) of the process that created the queue.
+    #[getter]
+    fn owner(&self) -> Option<String> {
+        self.q.owner().map(|id| id.tag())
+    }
+
+    /// Checks the queue's invariants (positions, counters against the ring); raises
+    /// InvalidArgument describing the first mismatch. For tests and diagnostics.
+    #[pyo3(signature = (timeout = 10.0))]
+    fn audit(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
+        check_timeout(Some(timeout))?;
+        let deadline = Instant::now() + Duration::from_secs_f64(timeout.min(1e6));
+        py.detach(|| self.q.audit(Some(deadline))).py_err()
     }
 
     /// Removes the segment's name (call once every process has attached).
@@ -474,7 +518,7 @@ impl PyQueue {
         let result = loop {
             match self.take_small(py) {
                 Ok(Small::Took(t)) => break Ok(t),
-                Ok(Small::NotSmall) => {
+                Ok(Small::NotSmall | Small::Busy) => {
                     if d.is_none() {
                         d = Some(deadline(block, timeout)?);
                     }

@@ -17,6 +17,7 @@ from easycore.common.config.errors import (
     ConfigKeyError,
     FrozenConfigError,
     InvalidConfigError,
+    InvalidYAMLError,
     UnsafeYAMLError,
 )
 from easycore.common.config.hierarchical import HierarchicalCfgNode
@@ -31,5 +32,6 @@ __all__ = [
     "FrozenConfigError",
     "HierarchicalCfgNode",
     "InvalidConfigError",
+    "InvalidYAMLError",
     "UnsafeYAMLError",
 ]

@@ -37,8 +37,15 @@ class FrozenConfigError(ConfigError, AttributeError):
 
 
 class InvalidConfigError(ConfigError, ValueError):
-    """The content of a config is wrong: a key that is not an identifier, a YAML file whose top
-    level is not a mapping, a ``__BASE__`` cycle, a malformed override list."""
+    """The content of a config is wrong: a key that is not an identifier, a YAML file that
+    cannot be loaded or whose top level is not a mapping, a ``__BASE__`` cycle, a malformed
+    override list, an override whose value does not fit the key's type."""
+
+
+class InvalidYAMLError(InvalidConfigError, yaml.YAMLError):
+    """A YAML text cannot be read: a syntax error, a key given twice, aliases that expand
+    past the limit. The message names the file and the line; it is also a ``yaml.YAMLError``
+    for code that catches PyYAML's errors."""
 
 
 class UnsafeYAMLError(InvalidConfigError, yaml.YAMLError):
@@ -58,5 +65,6 @@ __all__ = [
     "ConfigKeyError",
     "FrozenConfigError",
     "InvalidConfigError",
+    "InvalidYAMLError",
     "UnsafeYAMLError",
 ]

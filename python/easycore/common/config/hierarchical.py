@@ -42,10 +42,14 @@ class HierarchicalCfgNode:
             {'A': 'in example-A.yaml', 'B': 'in example-B.yaml', 'C': 'in example-A.yaml'}
 
     Note:
-        ``__BASE__`` can be an absolute path or a path relative to the yaml file. It is first
-        considered as a path relative to the yaml file, then as given (an absolute path, or
-        one relative to the working directory).
+        ``__BASE__`` can be an absolute path or a path relative to the yaml file. And it will be
+        first considered as a path relative to the yaml file then an absolute path. A relative
+        path is never looked up in the working directory, so a config opens the same way from
+        anywhere. ``__BASE__`` is a top-level key only: one nested inside a mapping is refused.
     """
+
+    __BASE__: str = BASE_KEY
+    """The key that names a file's bases: ``"__BASE__"``."""
 
     @classmethod
     def open(
@@ -67,8 +71,10 @@ class HierarchicalCfgNode:
             CfgNode:
 
         Raises:
-            BaseConfigNotFoundError: a ``__BASE__`` file does not exist.
-            InvalidConfigError: the ``__BASE__`` references form a cycle, or are not paths.
+            BaseConfigNotFoundError: a ``__BASE__`` file does not exist (relative to the file
+                including it, or as an absolute path).
+            InvalidConfigError: the ``__BASE__`` references form a cycle, are not paths, or
+                ``__BASE__`` is nested inside a mapping.
         """
         return cls._open(file, encoding, unsafe, ())
 
@@ -90,6 +96,12 @@ class HierarchicalCfgNode:
             cycle = " -> ".join([shown for shown, _ in chain] + [name])
             raise InvalidConfigError(f"__BASE__ references form a cycle: {cycle}")
         cfg = CfgNode.open(file, encoding, unsafe=unsafe)
+        nested = _nested_base(cfg, "")
+        if nested:
+            raise InvalidConfigError(
+                f"{name}: {BASE_KEY} is only allowed at the top level of a file, found it at "
+                f"{nested!r}; move it to the top (it names the files this one builds on)"
+            )
         bases = dict.pop(cfg, BASE_KEY, None)
         if bases is None:
             return cfg
@@ -159,17 +171,38 @@ class HierarchicalCfgNode:
 
 
 def _resolve_base(base: str, including: str) -> str:
-    """The file a ``__BASE__`` entry of ``including`` names."""
+    """The file a ``__BASE__`` entry of ``including`` names: relative to the including file's
+    folder, or an absolute path; never relative to the working directory."""
     base = os.path.expanduser(base)
+    if os.path.isabs(base):
+        if os.path.isfile(base):
+            return base
+        raise BaseConfigNotFoundError(f"{including}: {BASE_KEY} {base!r} not found")
+    if not os.path.isfile(including):
+        raise BaseConfigNotFoundError(
+            f"{including}: {BASE_KEY} {base!r} is relative, but the config was not read from a "
+            "file, so there is nothing to be relative to: give an absolute path"
+        )
     relative = os.path.join(os.path.dirname(os.path.abspath(including)), base)
     if os.path.isfile(relative):
         return relative
-    if os.path.isfile(base):
-        return base
     raise BaseConfigNotFoundError(
-        f"{including}: {BASE_KEY} {base!r} not found (tried {relative!r} relative to the file, "
-        f"then {os.path.abspath(base)!r})"
+        f"{including}: {BASE_KEY} {base!r} not found (looked for {relative!r}, relative to the "
+        "file; relative bases are not looked up in the working directory)"
     )
+
+
+def _nested_base(node: Mapping[str, Any], prefix: str) -> str:
+    """The dotted path of a ``__BASE__`` key below the top level of ``node``, or ``""``."""
+    for key, value in node.items():
+        if isinstance(value, Mapping):
+            path = f"{prefix}.{key}" if prefix else key
+            if BASE_KEY in value:
+                return f"{path}.{BASE_KEY}"
+            found = _nested_base(value, path)
+            if found:
+                return found
+    return ""
 
 
 def _difference(cfg: Mapping[str, Any], base: Mapping[str, Any], prefix: str, missing: list[str]):

@@ -99,9 +99,12 @@ class CfgNode(dict):
         Args:
             init_dict (dict): a possibly-nested dictionary to initialize the CfgNode.
             copy (bool): if this option is set to False, the CfgNode instance will share the
-                values with the ``init_dict`` (nested dicts still become new CfgNodes, nested
-                CfgNodes are kept as they are), otherwise the contents of ``init_dict`` will be
-                deepcopied.
+                values with the ``init_dict``: every value that is not a dict (a list, a
+                tuple, a model object, a CfgNode) is the same object in both. Nested plain
+                dicts cannot be shared, since each becomes a CfgNode: they are new nodes whose
+                own values are shared in the same way, so changing a value inside one of those
+                objects shows on both sides while adding or removing a key does not.
+                Otherwise (True) the contents of ``init_dict`` will be deepcopied.
         """
         super().__init__()
         self._init_state()
@@ -442,14 +445,23 @@ class CfgNode(dict):
 
         String values are read as Python literals when they are ones (``"10"`` is 10,
         ``"(224, 224)"`` a tuple, ``"None"`` None); other strings stay strings. Where the key
-        exists, its old value guides the type: a str stays a str (``"123"``), a float stays a
-        float (``"1"`` is 1.0), a tuple stays a tuple and a list a list. Missing intermediate
-        nodes are created (unless strict). Nothing changes if any override is refused.
+        exists, the value must fit its old value's type, as in yacs: a str key keeps the text
+        (``"123"``), an int key needs an int, a float key takes an int or float (``"1"`` is
+        1.0, ``"nan"`` and ``"inf"`` too), a bool key ``True``/``False`` (or true/false,
+        yes/no, on/off), a tuple or list key either kind of sequence (converted), a sub-node
+        only a dict. ``None`` fits every key, and a key holding None takes any value. Python
+        values (not str) are checked the same way. Missing intermediate nodes are created
+        (unless strict). Nothing changes if any override is refused.
 
         Args:
             opts (list): ``[key1, value1, key2, value2, ...]``.
             strict (bool, optional): refuse keys that do not exist, suggesting the closest one.
                 Defaults to this node's strict mode (:meth:`set_strict`).
+
+        Raises:
+            InvalidConfigError: a value that does not fit its key's type, a sub-node given a
+                non-dict value, a malformed key or an odd number of items; the message names
+                the full key.
         """
         if isinstance(opts, str | bytes):
             raise InvalidArgument("merge_from_list() needs a list [key, value, ...], not a str")
@@ -512,7 +524,7 @@ class CfgNode(dict):
             node._check_new_key(parts[depth], strict)
             node._check_mutable(".".join(parts[depth:]), "set")
             old = dict.get(node, parts[-1], _MISSING) if depth == len(parts) - 1 else _MISSING
-            plan.append((parts, _override_value(old, raw)))
+            plan.append((parts, _override_value(old, raw, node._full(parts[-1]))))
         for parts, value in plan:
             node = self
             for part in parts[:-1]:
@@ -646,22 +658,74 @@ class CfgNode(dict):
         return f"{type(self).__name__}({dict.__repr__(self)})"
 
 
-def _override_value(old: Any, raw: Any) -> Any:
-    """The value an override ``raw`` (from a command line) sets over ``old``."""
-    if not isinstance(raw, str):
-        return raw
-    value = decode_value(raw)
-    if old is _MISSING:
+_TRUE_WORDS = frozenset({"true", "yes", "on"})
+_FALSE_WORDS = frozenset({"false", "no", "off"})
+
+
+def _override_value(old: Any, raw: Any, full_key: str) -> Any:
+    """The value an override ``raw`` (from a command line) sets over ``old``, coerced to the
+    type of ``old`` as yacs does, or :class:`InvalidConfigError` naming ``full_key``.
+
+    ``None`` is accepted for every key and every value is accepted over ``None`` or a new
+    key; a str key keeps the text; int widens to float; lists and tuples convert to each
+    other; a sub-node can only be replaced by a dict.
+    """
+    value = decode_value(raw) if isinstance(raw, str) else raw
+    if old is _MISSING or old is None or value is None:
         return value
-    if isinstance(old, str) and not isinstance(value, str):
-        return raw
-    if isinstance(old, float) and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(old, tuple) and isinstance(value, list):
-        return tuple(value)
-    if isinstance(old, list) and isinstance(value, tuple):
-        return list(value)
-    return value
+    if isinstance(old, Mapping):
+        if isinstance(value, Mapping):
+            return value
+        example = f"{full_key}.{next(iter(old), 'KEY')}"
+        raise InvalidConfigError(
+            f"cannot set {full_key!r} to {raw!r}: {full_key!r} is a config node, which only a "
+            f"dict can replace; set one of its keys instead, e.g. {example}"
+        )
+    if isinstance(old, str):
+        if isinstance(value, str):
+            return value  # "'None'" gives the text None
+        return raw if isinstance(raw, str) else _mismatch(old, raw, value, full_key)
+    if isinstance(old, bool):
+        if isinstance(value, bool):
+            return value
+        word = raw.strip().lower() if isinstance(raw, str) else None
+        if word in _TRUE_WORDS or word in _FALSE_WORDS:
+            return word in _TRUE_WORDS
+        return _mismatch(old, raw, value, full_key)
+    if isinstance(old, int):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        return _mismatch(old, raw, value, full_key)
+    if isinstance(old, float):
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(raw, str):
+            try:
+                return float(raw)  # "nan", "inf", "-inf"
+            except ValueError:
+                pass
+        return _mismatch(old, raw, value, full_key)
+    if isinstance(old, tuple | list):
+        if isinstance(value, tuple | list):
+            return type(old)(value) if type(old) in (tuple, list) else value
+        return _mismatch(old, raw, value, full_key)
+    if isinstance(value, type(old)):
+        return value
+    return _mismatch(old, raw, value, full_key)
+
+
+def _mismatch(old: Any, raw: Any, value: Any, full_key: str) -> Any:
+    shown = repr(old) if len(repr(old)) <= 60 else repr(old)[:57] + "..."
+    verb = "reads as" if isinstance(raw, str) else "is"
+    want, got = _a(type(old).__name__), _a(type(value).__name__)
+    raise InvalidConfigError(
+        f"cannot set {full_key!r} to {raw!r}: the key holds {want} ({shown}) and {raw!r} "
+        f"{verb} {got}. Give {want} (or None)"
+    )
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1].lower() in "aeiou" else f"a {noun}"
 
 
 def _is_binary(stream: Any) -> bool:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from urllib.parse import unquote, urlsplit
+from urllib.parse import unquote
 
+from easycore.common.path.url import parse_url, redact_url
 from easycore.errors import InvalidArgument
 
 CACHE_ENV = "EASYCORE_CACHE"
@@ -71,15 +72,59 @@ def cache_file_path(cache_dir: str, url: str) -> str:
     Returns:
         str: an absolute file path inside ``cache_dir``.
     """
-    parts = urlsplit(url)
-    host = safe_name(parts.netloc.rpartition("@")[2], default="nohost")
+    parts = parse_url(
+        url, require_host=False
+    ).parts  # refuses a malformed URL; no credentials in the folder names
+    host = safe_name(parts.netloc, default="nohost")
     basename = safe_name(unquote(parts.path).rstrip("/").rpartition("/")[2], default="index")
     digest = hashlib.sha256(url.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     root = os.path.abspath(cache_dir)
     path = os.path.join(root, host, digest, basename)
     if os.path.commonpath([root, path]) != root:  # cannot happen; checked all the same
-        raise InvalidArgument(f"the cache path for {url!r} would leave {root!r}")
+        raise InvalidArgument(f"the cache path for {redact_url(url)!r} would leave {root!r}")
     return path
 
 
-__all__ = ["CACHE_ENV", "DEFAULT_CACHE", "cache_file_path", "default_cache_dir", "safe_name"]
+LOCK_AREA = ".locks"
+"""The folder, inside the base cache folder, that holds the download locks."""
+
+
+def lock_area() -> str:
+    """The folder that holds the locks of downloads: ``<base-cache-dir>/.locks``.
+
+    Lock files live there, not beside the files they guard, so a download into a folder of
+    the user's (:func:`~easycore.common.network.download_file`) never leaves a ``.lock`` file
+    in it. Each lock file is removed by its holder before it lets go (safe: see
+    ``easycore._core.FileLock``), and the folder once it is empty.
+
+    Returns:
+        str: the folder (it may not exist yet).
+    """
+    return os.path.join(default_cache_dir(), LOCK_AREA)
+
+
+def lock_file_path(dst: str | os.PathLike[str], area: str | None = None) -> str:
+    """The lock file, in a lock area, that guards the creation of ``dst``.
+
+    Args:
+        dst (str): the file to be created.
+        area (str or None): the lock area; None for :func:`lock_area`.
+
+    Returns:
+        str: ``<area>/<hash of dst's absolute real path>.lock``.
+    """
+    real = os.path.realpath(os.fspath(dst))
+    digest = hashlib.sha256(real.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return os.path.join(lock_area() if area is None else area, f"{digest}.lock")
+
+
+__all__ = [
+    "CACHE_ENV",
+    "DEFAULT_CACHE",
+    "LOCK_AREA",
+    "cache_file_path",
+    "default_cache_dir",
+    "lock_area",
+    "lock_file_path",
+    "safe_name",
+]

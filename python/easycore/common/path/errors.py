@@ -19,13 +19,18 @@ class UnsupportedPathOperation(EasycoreError, io.UnsupportedOperation):
     """
 
 
+class InvalidURLError(InvalidArgument):
+    """A URL cannot be read: a bad IPv6 literal (``http://[::1/x``), a port that is not a
+    number, no host. A ``ValueError``; the message shows the URL without its password."""
+
+
 class DownloadError(EasycoreError, OSError):
     """A remote file could not be fetched: an HTTP error, an unreachable host, a cut download.
 
     Nothing is left in the destination when it is raised.
 
     Attributes:
-        url (str): the URL that failed.
+        url (str): the URL that failed, with any password replaced by ``***``.
         status (int | None): the HTTP status code, None when no response came
             (unreachable host, timeout) or the protocol has none (ftp).
     """
@@ -42,4 +47,4 @@ class DownloadError(EasycoreError, OSError):
         return (type(self), (self.args[0], self.url, self.status))
 
 
-__all__ = ["DownloadError", "PrefixTakenError", "UnsupportedPathOperation"]
+__all__ = ["DownloadError", "InvalidURLError", "PrefixTakenError", "UnsupportedPathOperation"]

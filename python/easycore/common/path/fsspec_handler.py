@@ -18,7 +18,7 @@ from types import ModuleType
 from typing import IO, Any
 
 from easycore.common.path.atomic import create_once
-from easycore.common.path.cache import cache_file_path
+from easycore.common.path.cache import LOCK_AREA, cache_file_path, lock_file_path
 from easycore.common.path.path_handler import PathHandler
 from easycore.errors import InvalidArgument
 
@@ -99,7 +99,8 @@ class FsspecPathHandler(PathHandler):
                 shutil.copyfileobj(src, out, 1 << 20)
 
         dst = cache_file_path(self.get_cache_dir(protocol), path)
-        return create_once(dst, write, overwrite=force)
+        area = os.path.join(self.get_cache_dir(protocol), LOCK_AREA)
+        return create_once(dst, write, overwrite=force, lock_path=lock_file_path(dst, area))
 
     def open(self, path: str, mode: str = "r", **kwargs: Any) -> IO[Any]:
         """Open a stream to a URI, similar to the built-in ``open``.

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import os
 import urllib.error
-import urllib.request
 from typing import IO, Any
-from urllib.parse import urlsplit
 
-from easycore.common.path.cache import cache_file_path
+from easycore.common.path.cache import LOCK_AREA, cache_file_path, lock_file_path
 from easycore.common.path.errors import DownloadError
-from easycore.common.path.fetch import DEFAULT_TIMEOUT, USER_AGENT, download_url
+from easycore.common.path.fetch import DEFAULT_TIMEOUT, download_url, open_url
 from easycore.common.path.path_handler import PathHandler
+from easycore.common.path.url import parse_url, redact_url
 
 _WRITE_MODES = frozenset("wax+")
 
@@ -20,8 +19,9 @@ class HTTPURLHandler(PathHandler):
     """Download URLs and cache them to disk.
 
     A remote file is downloaded once into ``get_cache_dir(<protocol>)`` and served from there
-    afterwards; the download is atomic (a temporary file renamed under ``file_lock``), so
-    processes asking at once download it once and never see a partial file. The handler is
+    afterwards; the download is atomic (a temporary file renamed under a lock kept in the
+    cache's ``.locks`` folder), so processes asking at once download it once and never see a
+    partial file; a failed download leaves nothing in the cache. The handler is
     read-only: writing operations raise :class:`UnsupportedPathOperation`.
 
     Args:
@@ -49,7 +49,7 @@ class HTTPURLHandler(PathHandler):
         Returns:
             str: the cache file's path (it may not exist yet).
         """
-        protocol = urlsplit(path).scheme.lower()
+        protocol = parse_url(path).parts.scheme.lower()
         return cache_file_path(self.get_cache_dir(protocol), path)
 
     def get_local_path(self, path: str, force: bool = False, **kwargs: Any) -> str:
@@ -66,12 +66,15 @@ class HTTPURLHandler(PathHandler):
         Raises:
             DownloadError: the download failed (the error names the URL and HTTP status).
         """
+        dst = self.cache_path(path)
+        protocol = parse_url(path).parts.scheme.lower()
         return download_url(
             path,
-            self.cache_path(path),
+            dst,
             progress=self.progress,
             timeout=self.timeout,
             overwrite=force,
+            lock_path=lock_file_path(dst, os.path.join(self.get_cache_dir(protocol), LOCK_AREA)),
         )
 
     def open(self, path: str, mode: str = "r", **kwargs: Any) -> IO[Any]:
@@ -104,19 +107,17 @@ class HTTPURLHandler(PathHandler):
         """
         if self.is_cached(path):
             return True
-        request = urllib.request.Request(path, method="HEAD", headers={"User-Agent": USER_AGENT})
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout):
-                return True
+            response, _ = open_url(path, self.timeout, method="HEAD")
         except urllib.error.HTTPError as e:
-            e.close()
             if e.code in (404, 410):
                 return False
+            shown = redact_url(path)
             raise DownloadError(
-                f"could not check {path}: HTTP {e.code} {e.reason}", path, e.code
+                f"could not check {shown}: HTTP {e.code} {e.reason}", shown, e.code
             ) from None
-        except OSError as e:
-            raise DownloadError(f"could not reach {path}: {getattr(e, 'reason', e)}", path) from e
+        with response:
+            return True
 
     def is_cached(self, path: str) -> bool:
         """Whether ``path`` is already in the cache (no network access).

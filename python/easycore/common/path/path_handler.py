@@ -6,6 +6,7 @@ from typing import IO, Any, NoReturn
 
 from easycore.common.path.cache import default_cache_dir
 from easycore.common.path.errors import UnsupportedPathOperation
+from easycore.common.path.url import redact_url
 
 
 class PathHandler:
@@ -58,7 +59,7 @@ class PathHandler:
 
     def _unsupported(self, operation: str, path: str) -> NoReturn:
         raise UnsupportedPathOperation(
-            f"{type(self).__name__} does not support {operation}() (path {path!r})"
+            f"{type(self).__name__} does not support {operation}() (path {redact_url(path)!r})"
         )
 
     def get_local_path(self, path: str, **kwargs: Any) -> str:

@@ -1,0 +1,151 @@
+//! Zero-copy views across `fork`: a forked child keeps what it inherited.
+//!
+//! A reader's zero-copy view of a large message is a window onto a pooled shared segment
+//! (`crate::slots`). When the reader drops its last view, the segment goes back to the pool
+//! and the next large message overwrites it. A forked child shares the parent's mapping, so
+//! without care an array it inherited would change under it once the parent lets go.
+//!
+//! So, just before every `fork` (a `pthread_atfork` prepare handler, in the forking thread),
+//! each live view's mapping is made private to the parent: its bytes are copied into fresh
+//! anonymous memory that replaces the mapping at the same address (`mremap`), so every pointer
+//! into it stays valid. The fork then gives the child a copy-on-write image of that private
+//! memory, and neither process's views can change behind its back. The pooled segment itself
+//! is no longer mapped there; [`epoch`] is bumped so that queue handles map slot segments
+//! afresh instead of using the replaced mapping. Dropping the views later unmaps the private
+//! copy and frees the slot as usual.
+//!
+//! Costs and limits: the copy is made only for views alive at the moment of the fork, once per
+//! view. A write made into such a view by another thread *during* the fork (numpy releases the
+//! GIL) may be lost in the parent.
+
+use std::cell::UnsafeCell;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Once;
+
+/// One mapping that zero-copy views use: base address, length, and whether it is private
+/// already.
+struct View {
+    addr: usize,
+    len: usize,
+    count: usize,
+    private: bool,
+}
+
+/// A spin-locked list (a `Mutex` could be left locked in the child by another thread).
+struct Registry {
+    locked: AtomicBool,
+    views: UnsafeCell<Vec<View>>,
+}
+
+// SAFETY: `views` is only touched with `locked` held (acquire/release), or in the forked
+// child's handler, where no other thread exists.
+unsafe impl Sync for Registry {}
+
+static REGISTRY: Registry = Registry {
+    locked: AtomicBool::new(false),
+    views: UnsafeCell::new(Vec::new()),
+};
+static EPOCH: AtomicU64 = AtomicU64::new(0);
+static HOOKS: Once = Once::new();
+
+fn with<R>(f: impl FnOnce(&mut Vec<View>) -> R) -> R {
+    while REGISTRY
+        .locked
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::hint::spin_loop();
+    }
+    // SAFETY: we hold the spin lock.
+    let out = f(unsafe { &mut *REGISTRY.views.get() });
+    REGISTRY.locked.store(false, Ordering::Release);
+    out
+}
+
+/// Bumped whenever mappings were replaced by private copies: a cached mapping of an older
+/// epoch must not be used to reach the shared segment.
+pub fn epoch() -> u64 {
+    EPOCH.load(Ordering::Acquire)
+}
+
+/// A mapping at `addr` (of `len` bytes) is used by a zero-copy view from now on.
+pub fn register(addr: *mut u8, len: usize) {
+    HOOKS.call_once(|| {
+        // SAFETY: registers plain extern "C" functions without captured state.
+        unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child)) };
+    });
+    let addr = addr as usize;
+    with(|v| match v.iter_mut().find(|e| e.addr == addr) {
+        Some(e) => e.count += 1,
+        None => v.push(View {
+            addr,
+            len,
+            count: 1,
+            private: false,
+        }),
+    });
+}
+
+/// A view of the mapping at `addr` is gone.
+pub fn unregister(addr: *mut u8) {
+    let addr = addr as usize;
+    with(|v| {
+        if let Some(i) = v.iter().position(|e| e.addr == addr) {
+            v[i].count -= 1;
+            if v[i].count == 0 {
+                v.swap_remove(i);
+            }
+        }
+    });
+}
+
+/// Replaces the mapping at `addr` with a private copy of its bytes, at the same address.
+fn privatize(addr: usize, len: usize) -> bool {
+    // SAFETY: `addr..addr+len` is a live mapping of ours (registered by a view that holds it);
+    // the new anonymous mapping is ours; mremap with MREMAP_FIXED atomically replaces the old
+    // mapping at `addr` with the copy, so the range is mapped at every instant.
+    unsafe {
+        let tmp = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if tmp == libc::MAP_FAILED {
+            return false;
+        }
+        std::ptr::copy_nonoverlapping(addr as *const u8, tmp.cast::<u8>(), len);
+        let r = libc::mremap(
+            tmp,
+            len,
+            len,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            addr as *mut libc::c_void,
+        );
+        if r == libc::MAP_FAILED {
+            libc::munmap(tmp, len);
+            return false;
+        }
+        true
+    }
+}
+
+extern "C" fn before_fork() {
+    with(|v| {
+        let mut any = false;
+        for e in v.iter_mut().filter(|e| !e.private) {
+            e.private = privatize(e.addr, e.len);
+            any |= e.private;
+        }
+        if any {
+            EPOCH.fetch_add(1, Ordering::AcqRel);
+        }
+    });
+}
+
+extern "C" fn in_child() {
+    // The child is single-threaded: a lock held by another thread at the fork is void.
+    REGISTRY.locked.store(false, Ordering::Release);
+}

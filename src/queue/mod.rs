@@ -1,0 +1,501 @@
+//! A bounded multi-producer multi-consumer message queue in one shared-memory segment.
+//!
+//! Each message carries a sequence number, a kind tag and a payload made of *parts* (byte
+//! strings written one after another, each 64-byte aligned), so a pickle stream and its
+//! protocol-5 out-of-band buffers travel without being joined first.
+//!
+//! # Algorithm
+//! A byte ring of variable-size *records*, in the spirit of a reserve/commit ring buffer
+//! (as in Linux's BPF ring buffer and LMAX-style disruptors), with three monotonic positions:
+//! `tail <= read <= head`. A writer *reserves* `[head, head+size)` under a short lock, copies its
+//! parts with no lock held, then *commits* by storing `READY` into the record's state word. A
+//! reader *claims* committed records at `read` in FIFO order under the lock, copies them out with
+//! no lock held, then *releases* them (one store each, no lock); `tail` advances over released
+//! records, which frees ring space, whenever someone holds the lock. A small message read one
+//! per call is instead *taken* ([`Queue::take_small`]): copied and released under a single hold
+//! of the lock. Messages whose record would exceed `max_inline` bytes go to a *side segment* and
+//! the ring holds only a reference to it; the reader maps it and hands out zero-copy views, so a
+//! message larger than the ring never stalls the queue. Side segments come from a pool of
+//! reusable *slots* ([`crate::slots`]), or, when the pool has none to give, are made for the
+//! one message (*one-shot*) and unlinked by the reader.
+//!
+//! Files: [`layout`] (the shared layout), [`parties`] (who uses the queue), `write` (reserve,
+//! fill, commit), `read` (claim, take, release), `recover` (the crash model and repair).
+//!
+//! # Crash model
+//! Any process may die (or stop) between any two instructions. The lock ([`ShmLock`]) holds a
+//! party number; a waiter takes it over from a holder whose liveness token says it is dead
+//! and then *repairs* the queue (`recover.rs` lists what each death leaves and how it is
+//! mended). Every wait, the lock's included, has a deadline, and callers that hold the
+//! Python GIL only ever *try* the lock: the slow path waits with the GIL released.
+//!
+//! # Waiting
+//! Blocked readers wait on the futex word `data_seq`, bumped by every commit and by close;
+//! blocked writers on `space_seq`, bumped by every release and by close. Each side first spins
+//! for a few microseconds (never past its deadline), and the other side makes a wake system
+//! call only when someone is asleep (one waiter per committed message; every writer when
+//! space is freed).
+
+pub mod layout;
+pub mod parties;
+mod read;
+mod recover;
+#[cfg(test)]
+mod tests;
+mod write;
+
+use crate::error::{CoreError, Result};
+use crate::liveness::{self, Identity};
+use crate::shm::Segment;
+use crate::shmlock::ShmLockGuard;
+use crate::slots::{SideBuf, SlotMaps, TableAt};
+use crate::wait::{self, current_pid};
+use crossbeam_utils::Backoff;
+use layout::{align_up, Header, RecordHeader, ALIGN, HEADER_BYTES, MAGIC, REC_BYTES, VERSION};
+use parties::Side;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use layout::body_len;
+pub use read::{Claimed, Small, SMALL_PARTS};
+pub use write::PUT_BATCH;
+
+/// A waiter that sleeps this long without progress checks for dead processes.
+const RECOVER_TICK: Duration = Duration::from_millis(50);
+/// Default [`QueueConfig::pool_min`]: copying this much costs more than leasing a slot.
+const DEFAULT_POOL_MIN: u64 = 256 << 10;
+/// Largest ring a queue may have (1 TiB): larger sizes are refused, never wrapped.
+pub const MAX_RING: u64 = 1 << 40;
+/// Most messages a queue may hold at once.
+pub const MAX_MESSAGES: u64 = 1 << 32;
+
+/// Sizes of a queue, chosen by its creator.
+#[derive(Clone, Debug)]
+pub struct QueueConfig {
+    /// Bytes in the ring (rounded up to a multiple of 64, at least 4 KiB, at most [`MAX_RING`]).
+    pub ring_bytes: u64,
+    /// Most messages in the queue at once (1 to [`MAX_MESSAGES`]).
+    pub max_messages: u64,
+    /// Largest record kept in the ring; larger messages use a side segment.
+    /// Defaults to a quarter of the ring.
+    pub max_inline: Option<u64>,
+    /// Most side-segment bytes in flight (one message is always admitted when none is).
+    /// Defaults to the ring size.
+    pub side_budget: Option<u64>,
+    /// Most bytes of pooled side segments kept for reuse (0: no pool, every large message
+    /// gets a one-shot segment). Defaults to twice the side budget.
+    pub pool_bytes: Option<u64>,
+    /// Messages whose body has at least this many bytes travel in a pooled slot (read
+    /// zero-copy) when the pool has one to give, else inline if they fit, else in a one-shot
+    /// segment. Defaults to 256 KiB (at most `max_inline`).
+    pub pool_min: Option<u64>,
+}
+
+impl Default for QueueConfig {
+    fn default() -> Self {
+        QueueConfig {
+            ring_bytes: 64 << 20,
+            max_messages: 1 << 16,
+            max_inline: None,
+            side_budget: None,
+            pool_bytes: None,
+            pool_min: None,
+        }
+    }
+}
+
+/// A handle on a queue; every process holds its own (created, or attached by name).
+pub struct Queue {
+    seg: Arc<Segment>,
+    ring_size: u64,
+    spin: Duration,
+    /// This process's mappings of slot segments.
+    maps: SlotMaps,
+    /// `pid << 32 | party`: this process's party in the queue, registered on first use and
+    /// again in a forked child (whose pid differs).
+    me: AtomicU64,
+}
+
+impl Queue {
+    /// Creates a queue in a new shared-memory segment owned by this process.
+    pub fn create(cfg: &QueueConfig) -> Result<Queue> {
+        if cfg.ring_bytes > MAX_RING {
+            return Err(CoreError::Invalid(format!(
+                "capacity_bytes must be at most {MAX_RING} (1 TiB), got {}",
+                cfg.ring_bytes
+            )));
+        }
+        if cfg.max_messages == 0 || cfg.max_messages > MAX_MESSAGES {
+            return Err(CoreError::Invalid(format!(
+                "max_messages must be between 1 and {MAX_MESSAGES}, got {}",
+                cfg.max_messages
+            )));
+        }
+        let ring = align_up(cfg.ring_bytes.max(4096), ALIGN);
+        let max_inline = cfg
+            .max_inline
+            .unwrap_or(ring / 4)
+            .clamp(REC_BYTES * 2, ring / 2);
+        let owner = liveness::me()?;
+        let seg = Segment::create(HEADER_BYTES + ring as usize, owner)?;
+        let q = Queue::over(seg, ring);
+        let h = q.hdr();
+        h.version.store(VERSION, Ordering::Relaxed);
+        h.owner.store(owner.packed(), Ordering::Relaxed);
+        h.ring_size.store(ring, Ordering::Relaxed);
+        h.max_msgs.store(cfg.max_messages, Ordering::Relaxed);
+        h.max_inline.store(max_inline, Ordering::Relaxed);
+        let side_budget = cfg.side_budget.unwrap_or(ring).max(1);
+        h.side_budget.store(side_budget, Ordering::Relaxed);
+        h.slots
+            .init(cfg.pool_bytes.unwrap_or(side_budget.saturating_mul(2)));
+        h.pool_min.store(
+            cfg.pool_min.unwrap_or(DEFAULT_POOL_MIN.min(max_inline)),
+            Ordering::Relaxed,
+        );
+        h.magic.store(MAGIC, Ordering::Release);
+        Ok(q)
+    }
+
+    fn over(seg: Segment, ring: u64) -> Queue {
+        Queue {
+            seg: Arc::new(seg),
+            ring_size: ring,
+            spin: Duration::from_micros(20),
+            maps: SlotMaps::default(),
+            me: AtomicU64::new(0),
+        }
+    }
+
+    /// Attaches to a queue created by another process (or this one) by its segment name.
+    /// Every size in the header is checked, so a corrupt or foreign segment is an error, not
+    /// a crash.
+    pub fn attach(name: &str) -> Result<Queue> {
+        let seg = Segment::attach(name)?;
+        let bad = |what: &str| Err(CoreError::BadSegment(format!("{name}: {what}")));
+        if seg.len() < HEADER_BYTES + 4096 {
+            return bad("too small for a queue");
+        }
+        // SAFETY: the segment is at least HEADER_BYTES long and page aligned; every field of
+        // the header is an atomic, valid for any bit pattern.
+        let h = unsafe { &*(seg.as_ptr() as *const Header) };
+        if h.magic.load(Ordering::Acquire) != MAGIC || h.version.load(Ordering::Relaxed) != VERSION
+        {
+            return bad(&format!(
+                "not an easycore queue of layout version {VERSION}"
+            ));
+        }
+        let ring = h.ring_size.load(Ordering::Relaxed);
+        let max_inline = h.max_inline.load(Ordering::Relaxed);
+        if ring < 4096 || ring % ALIGN != 0 || ring > MAX_RING {
+            return bad(&format!("invalid ring size {ring}"));
+        }
+        if (HEADER_BYTES as u64).saturating_add(ring) > seg.len() as u64 {
+            return bad("ring larger than the segment");
+        }
+        if max_inline < REC_BYTES * 2 || max_inline > ring / 2 {
+            return bad(&format!("invalid inline limit {max_inline}"));
+        }
+        if h.max_msgs.load(Ordering::Relaxed) == 0 {
+            return bad("max_messages is 0");
+        }
+        Ok(Queue::over(seg, ring))
+    }
+
+    /// Sets how long a blocked call spins before it sleeps (this handle only). A call never
+    /// spins past its own deadline.
+    pub fn set_spin(&mut self, spin: Duration) {
+        self.spin = spin;
+    }
+
+    pub(crate) fn hdr(&self) -> &Header {
+        // SAFETY: the segment starts with a Header (checked at attach, written at create); it is
+        // page aligned and lives as long as `self`. All fields are atomics.
+        unsafe { &*(self.seg.as_ptr() as *const Header) }
+    }
+
+    fn ring_ptr(&self) -> *mut u8 {
+        // SAFETY: HEADER_BYTES < segment length (checked at create/attach).
+        unsafe { self.seg.as_ptr().add(HEADER_BYTES) }
+    }
+
+    pub(crate) fn rec(&self, pos: u64) -> &RecordHeader {
+        let off = pos % self.ring_size;
+        let off = off - off % ALIGN; // positions are 64-aligned; never trust shared memory
+                                     // SAFETY: `off` is a 64-aligned offset inside the ring and a whole header fits before
+                                     // the ring's end (ring size is a multiple of 64); fields are atomics.
+        unsafe { &*(self.ring_ptr().add(off as usize) as *const RecordHeader) }
+    }
+
+    fn body_ptr(&self, pos: u64) -> *mut u8 {
+        // SAFETY: a record's body follows its header inside the ring (reserve never splits a
+        // record across the ring's end; readers check sizes against the ring before use).
+        unsafe {
+            self.ring_ptr()
+                .add((pos % self.ring_size + REC_BYTES) as usize)
+        }
+    }
+
+    /// The segment's name: pass it to [`Queue::attach`] in another process.
+    pub fn name(&self) -> &str {
+        self.seg.name()
+    }
+
+    /// The creator's identity: its death (kernel-vouched) ends the queue.
+    pub fn owner(&self) -> Option<Identity> {
+        Identity::unpack(self.hdr().owner.load(Ordering::Relaxed))
+    }
+
+    /// Removes the segment's name once every party has attached (memory stays mapped).
+    pub fn unlink(&self) -> Result<()> {
+        self.seg.unlink()
+    }
+
+    /// Ring size in bytes.
+    pub fn ring_size(&self) -> u64 {
+        self.ring_size
+    }
+
+    /// Largest record kept inline.
+    pub fn max_inline(&self) -> u64 {
+        self.hdr().max_inline.load(Ordering::Relaxed)
+    }
+
+    /// Most messages at once.
+    pub fn max_messages(&self) -> u64 {
+        self.hdr().max_msgs.load(Ordering::Relaxed)
+    }
+
+    /// Messages put and not yet claimed.
+    pub fn len(&self) -> u64 {
+        self.hdr().pending.load(Ordering::Relaxed)
+    }
+
+    /// Whether no message waits to be claimed.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Messages and payload bytes put since creation.
+    pub fn totals(&self) -> (u64, u64) {
+        let h = self.hdr();
+        (
+            h.total_puts.0.load(Ordering::Relaxed),
+            h.total_bytes.load(Ordering::Relaxed),
+        )
+    }
+
+    /// Closes the queue: every blocked put and get wakes; puts fail from now on, gets fail once
+    /// the queue is drained. Pooled segments no message holds are unlinked now (if the lock can
+    /// be had within `deadline`), the others as they are freed.
+    pub fn close(&self, deadline: Option<Instant>) {
+        let h = self.hdr();
+        h.closed.store(1, Ordering::SeqCst);
+        h.data_seq.0.fetch_add(1, Ordering::SeqCst);
+        h.space_seq.0.fetch_add(1, Ordering::SeqCst);
+        wait::wake_all(&h.data_seq.0);
+        wait::wake_all(&h.space_seq.0);
+        if let Ok(_g) = self.lock_until(deadline) {
+            h.slots.evict_free(self.name());
+        }
+    }
+
+    /// Whether [`Queue::close`] was called by anyone.
+    pub fn is_closed(&self) -> bool {
+        self.hdr().closed.load(Ordering::SeqCst) != 0
+    }
+
+    /// This process's party number, registering it on first use (and after a fork).
+    pub(crate) fn party(&self) -> Result<u32> {
+        let pid = current_pid();
+        let m = self.me.load(Ordering::Relaxed);
+        if (m >> 32) as u32 == pid && m as u32 != 0 {
+            return Ok(m as u32);
+        }
+        let id = liveness::me()?;
+        let h = self.hdr();
+        let (p, adopted) = h.parties.register(id).ok_or_else(|| {
+            CoreError::Invalid(format!(
+                "more than {} live processes use queue {}",
+                parties::PARTIES,
+                self.name()
+            ))
+        })?;
+        if let Some(was) = adopted {
+            // A dead party's number: whatever names it (the lock word included) is the dead
+            // owner's. Repair before anything else; if the lock cannot be had now, give the
+            // entry back (still dead) and let the caller retry.
+            let deadline = Some(Instant::now() + RECOVER_TICK);
+            let Some(g) = h.lock.0.lock(p, deadline, |q| q != p && h.parties.alive(q)) else {
+                h.parties.give_back(p, id.packed(), was);
+                return Err(self.busy());
+            };
+            self.repair(h, Some(p));
+            drop(g);
+        }
+        self.me
+            .store((u64::from(pid) << 32) | u64::from(p), Ordering::Relaxed);
+        Ok(p)
+    }
+
+    /// Takes the lock, waiting until `deadline` at most (`Err(Busy)` then); repairs the queue
+    /// first when the lock was taken over from a dead holder.
+    pub(crate) fn lock_until(&self, deadline: Option<Instant>) -> Result<ShmLockGuard<'_>> {
+        let me = self.party()?;
+        let h = self.hdr();
+        let g = h
+            .lock
+            .0
+            .lock(me, deadline, |p| h.parties.alive(p))
+            .ok_or_else(|| self.busy())?;
+        if g.took_over() {
+            self.repair(h, None);
+        }
+        Ok(g)
+    }
+
+    /// Takes the lock only if it is free within a short spin (for callers holding the GIL).
+    pub(crate) fn try_lock(&self) -> Result<ShmLockGuard<'_>> {
+        let me = self.party()?;
+        self.hdr().lock.0.try_lock(me).ok_or_else(|| self.busy())
+    }
+
+    fn busy(&self) -> CoreError {
+        let h = self.hdr();
+        CoreError::Busy {
+            holder_pid: h.parties.identity(h.lock.0.holder()).map(|id| id.pid),
+        }
+    }
+
+    /// Where a [`crate::slots::Lease`] finds the lock, the closed flag and the slot table.
+    fn table_at() -> TableAt {
+        TableAt {
+            lock: std::mem::offset_of!(Header, lock),
+            closed: std::mem::offset_of!(Header, closed),
+            table: std::mem::offset_of!(Header, slots),
+        }
+    }
+
+    /// Bytes of pooled side segments that exist now, and the most the pool may keep.
+    pub fn pool_bytes(&self) -> (u64, u64) {
+        self.hdr().slots.bytes()
+    }
+
+    /// A stamp of the readers' wake-up word: read it *before* looking for a message, then
+    /// pass it to [`Queue::wait_readable`] if none was there.
+    pub fn data_stamp(&self) -> u32 {
+        self.hdr().data_seq.0.load(Ordering::SeqCst)
+    }
+
+    /// Waits until a message is committed (or the queue closed) after `stamp` was taken, or
+    /// until `deadline`; false if the deadline passed. Spins briefly first, then sleeps.
+    pub fn wait_readable(&self, stamp: u32, deadline: Option<Instant>) -> bool {
+        let h = self.hdr();
+        self.wait_for(
+            &h.data_seq.0,
+            &h.readers_waiting,
+            Side::Reader,
+            stamp,
+            deadline,
+        )
+    }
+
+    /// Spins, then sleeps on `word` while it holds `seen`, until `deadline`. Returns false if
+    /// the deadline passed. Runs a dead-process check when a sleep ends without progress.
+    fn wait_for(
+        &self,
+        word: &AtomicU32,
+        waiting: &AtomicU32,
+        side: Side,
+        seen: u32,
+        deadline: Option<Instant>,
+    ) -> bool {
+        let start = Instant::now();
+        let past = |now: Instant| deadline.is_some_and(|d| now >= d);
+        if past(start) {
+            return false;
+        }
+        let backoff = Backoff::new();
+        while word.load(Ordering::SeqCst) == seen {
+            let now = Instant::now();
+            if past(now) {
+                return false;
+            }
+            if now - start >= self.spin {
+                let left = match deadline {
+                    Some(d) => (d - now).min(RECOVER_TICK),
+                    None => RECOVER_TICK,
+                };
+                let Ok(me) = self.party() else {
+                    return true; // cannot sleep counted: let the caller retry
+                };
+                let h = self.hdr();
+                h.parties.note_wait(me, side, true);
+                waiting.fetch_add(1, Ordering::SeqCst);
+                wait::wait(word, seen, Some(left));
+                waiting.fetch_sub(1, Ordering::SeqCst);
+                h.parties.note_wait(me, side, false);
+                if word.load(Ordering::SeqCst) == seen {
+                    self.recover();
+                }
+                return true;
+            }
+            backoff.snooze();
+        }
+        true
+    }
+
+    /// Wakes sleeping readers after `n` commits (one each), all of them on close.
+    fn wake_readers(&self, n: u32) {
+        let h = self.hdr();
+        h.data_seq.0.fetch_add(1, Ordering::SeqCst);
+        if h.readers_waiting.load(Ordering::SeqCst) > 0 {
+            wait::wake(&h.data_seq.0, n.max(1));
+        }
+    }
+
+    /// Wakes every sleeping writer: freed space may fit several.
+    fn wake_writers(&self) {
+        let h = self.hdr();
+        h.space_seq.0.fetch_add(1, Ordering::SeqCst);
+        if h.writers_waiting.load(Ordering::SeqCst) > 0 {
+            wait::wake_all(&h.space_seq.0);
+        }
+    }
+
+    /// The side buffer of a pooled slot, mapped in this process, with the lease that frees it.
+    fn lease(&self, idx: usize, gen: u64, seg: Arc<Segment>, party: u32) -> Arc<SideBuf> {
+        let lease = crate::slots::Lease::new(self.seg.clone(), Self::table_at(), idx, gen, party);
+        Arc::new(SideBuf::new(seg, Some(lease)))
+    }
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        // The creator removes pooled segments and those of messages nobody will read any
+        // more: once the creating handle is dropped the queue is over (a forked child's copy
+        // of it, and handles attached by name, leave them).
+        if !self.seg.is_creator() {
+            return;
+        }
+        // Views of pooled messages may keep the mapping alive (their leases hold it), but not
+        // the name.
+        let _ = self.seg.unlink();
+        let h = self.hdr();
+        h.slots.unlink_all(self.name());
+        let head = h.head.load(Ordering::Relaxed);
+        let mut pos = h.read.load(Ordering::Relaxed);
+        let mut n = 0;
+        while pos < head && n <= h.max_msgs.load(Ordering::Relaxed) {
+            let rec = self.rec(pos);
+            if rec.flags.load(Ordering::Relaxed) & layout::FLAG_SIDE != 0
+                && rec.state.load(Ordering::Acquire) != layout::ST_PAD
+            {
+                let _ = crate::shm::unlink_name(&self.side_name(pos, rec));
+            }
+            pos += rec.size.load(Ordering::Relaxed).max(ALIGN);
+            n += 1;
+        }
+    }
+}

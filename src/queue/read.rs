@@ -1,0 +1,394 @@
+//! Reading: claim committed records in FIFO order under the lock, copy or map them with no
+//! lock held, release them with one store each. Every size read from shared memory is checked
+//! before it is used, so a corrupt segment gives an error, never a wild read.
+
+use super::layout::*;
+use super::parties::Side;
+use super::Queue;
+use crate::error::{CoreError, Result};
+use crate::shm::Segment;
+use crate::slots::{SideBuf, Taken};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Most parts a message may have for [`Queue::take_small`].
+pub const SMALL_PARTS: usize = 4;
+
+/// A claimed message: its record stays reserved until [`Queue::release`].
+#[derive(Debug)]
+pub struct Claimed {
+    pub(super) pos: u64,
+    /// The message's sequence number.
+    pub seq: u64,
+    /// The message's kind tag.
+    pub kind: u32,
+    /// (offset, length) of each part: from the record's body in the ring, or from the start
+    /// of the side segment.
+    pub parts: Vec<(u64, u64)>,
+    /// The side segment of a large message (a leased slot, or a one-shot segment already
+    /// unlinked); zero-copy views keep it alive.
+    pub side: Option<Arc<SideBuf>>,
+    /// The record's body length (checked against the ring or the side segment).
+    body: u64,
+    released: bool,
+}
+
+/// What [`Queue::take_small`] found.
+#[derive(Debug)]
+pub enum Small<R> {
+    /// The next message, already released; what the callback made of it.
+    Took(R),
+    /// The next message is large or has many parts: [`Queue::claim`] it.
+    NotSmall,
+    /// No message is ready now.
+    Empty,
+    /// The lock is held by someone else right now: go the slow way ([`Queue::claim`]).
+    Busy,
+}
+
+/// A side segment to map at claim.
+enum SideRef {
+    OneShot(String),
+    Slot(usize, u64),
+}
+
+/// The slot (index, generation) of a slot record.
+pub(super) fn slot_of(rec: &RecordHeader) -> (usize, u64) {
+    (
+        (rec.slot.load(Ordering::Relaxed) as usize).min(crate::slots::SLOTS - 1),
+        rec.slot_gen.load(Ordering::Relaxed),
+    )
+}
+
+impl Queue {
+    /// Whether the record at `pos` has a size that keeps it inside the ring and before
+    /// `head`; records failing this are corrupt and are not followed.
+    pub(super) fn sane(&self, pos: u64, rec: &RecordHeader, head: u64) -> bool {
+        let size = rec.size.load(Ordering::Relaxed);
+        size >= REC_BYTES
+            && size % ALIGN == 0
+            && pos % self.ring_size + size <= self.ring_size
+            && pos.checked_add(size).is_some_and(|e| e <= head)
+    }
+
+    /// Claims up to `max` committed messages in FIFO order; blocks for the first one until
+    /// `deadline` (`None`: forever). Each claim must be given back to [`Queue::release`].
+    pub fn claim(&self, max: usize, deadline: Option<Instant>) -> Result<Vec<Claimed>> {
+        let h = self.hdr();
+        let mut out = Vec::new();
+        loop {
+            let seen = h.data_seq.0.load(Ordering::SeqCst);
+            let mut sides = Vec::new();
+            match self.lock_until(deadline) {
+                Ok(_g) => {
+                    let me = self.party()?;
+                    let head = h.head.load(Ordering::Relaxed);
+                    let mut read = h.read.load(Ordering::Relaxed);
+                    while read < head && out.len() < max.max(1) {
+                        let rec = self.rec(read);
+                        if !self.sane(read, rec, head) {
+                            // Corrupt: nothing after it can be trusted. Leave the queue as is.
+                            return Err(CoreError::BadSegment(format!(
+                                "{}: corrupt record at position {read}",
+                                self.name()
+                            )));
+                        }
+                        let size = rec.size.load(Ordering::Relaxed);
+                        match rec.state.load(Ordering::Acquire) {
+                            ST_PAD => {}
+                            ST_ABANDONED => locked_sub(&h.pending, 1),
+                            ST_READY => {
+                                let flags = rec.flags.load(Ordering::Relaxed);
+                                if flags & FLAG_SLOT != 0 {
+                                    let (idx, gen) = slot_of(rec);
+                                    if !h.slots.holds(idx, gen) {
+                                        // Its slot was lost (a writer's failure): skip it.
+                                        rec.state.store(ST_ABANDONED, Ordering::Release);
+                                        locked_sub(&h.pending, 1);
+                                        read += size;
+                                        continue;
+                                    }
+                                    h.slots.hand_to(idx, gen, me);
+                                    sides.push((out.len(), SideRef::Slot(idx, gen)));
+                                } else if flags & FLAG_SIDE != 0 {
+                                    sides.push((
+                                        out.len(),
+                                        SideRef::OneShot(self.side_name(read, rec)),
+                                    ));
+                                }
+                                rec.owner.store(me, Ordering::Relaxed);
+                                rec.state.store(ST_READING, Ordering::Relaxed);
+                                locked_sub(&h.pending, 1);
+                                out.push(self.describe(read, rec));
+                            }
+                            _ => break, // WRITING: FIFO order waits for it
+                        }
+                        read += size;
+                    }
+                    // One store makes the claims ours: a death before it leaves the records
+                    // READING at or after `read`, which repair gives back as READY.
+                    h.read.store(read, Ordering::Release);
+                }
+                Err(CoreError::Busy { .. }) => {}
+                Err(e) => return Err(e),
+            }
+            if !out.is_empty() {
+                self.open_sides(&mut out, sides)?;
+                return Ok(out);
+            }
+            if h.closed.load(Ordering::SeqCst) != 0 && h.pending.load(Ordering::Relaxed) == 0 {
+                return Err(CoreError::Closed);
+            }
+            if !self.wait_for(
+                &h.data_seq.0,
+                &h.readers_waiting,
+                Side::Reader,
+                seen,
+                deadline,
+            ) {
+                return Err(CoreError::Empty);
+            }
+        }
+    }
+
+    /// Takes the next message if it is small and inline (at most [`SMALL_PARTS`] parts and
+    /// `limit` bytes of body): hands its seq, kind and parts to `f`, then releases its record,
+    /// all under *one* hold of the lock, where [`Queue::claim`] + [`Queue::release`] take it
+    /// twice. This is the fast path for one small message per call. Never blocks: it only
+    /// tries the lock ([`Small::Busy`] if someone holds it).
+    ///
+    /// `f` runs with the queue lock held: it must be short, must not block, and must not
+    /// touch this queue (the lock is not reentrant). A process killed inside `f` leaves the
+    /// record `READING` at `read`, which repair gives back as `READY`: the message is not lost.
+    pub fn take_small<R>(
+        &self,
+        limit: u64,
+        f: impl FnOnce(u64, u32, &[&[u8]]) -> R,
+    ) -> Result<Small<R>> {
+        let h = self.hdr();
+        let _g = match self.try_lock() {
+            Ok(g) => g,
+            Err(CoreError::Busy { .. }) => return Ok(Small::Busy),
+            Err(e) => return Err(e),
+        };
+        let head = h.head.load(Ordering::Relaxed);
+        let mut read = h.read.load(Ordering::Relaxed);
+        let found = loop {
+            if read >= head {
+                break None;
+            }
+            let rec = self.rec(read);
+            if !self.sane(read, rec, head) {
+                return Ok(Small::NotSmall); // let claim report it
+            }
+            match rec.state.load(Ordering::Acquire) {
+                ST_PAD => {}
+                ST_ABANDONED => locked_sub(&h.pending, 1),
+                ST_READY => break Some(rec),
+                _ => break None, // WRITING: FIFO order waits for it
+            }
+            read += rec.size.load(Ordering::Relaxed);
+        };
+        // Records skipped above are passed for good.
+        h.read.store(read, Ordering::Relaxed);
+        let Some(rec) = found else {
+            if h.closed.load(Ordering::SeqCst) != 0 && h.pending.load(Ordering::Relaxed) == 0 {
+                return Err(CoreError::Closed);
+            }
+            return Ok(Small::Empty);
+        };
+        let nparts = rec.nparts.load(Ordering::Relaxed) as usize;
+        let body = rec.body_len.load(Ordering::Relaxed);
+        let size = rec.size.load(Ordering::Relaxed);
+        if rec.flags.load(Ordering::Relaxed) != 0
+            || nparts > SMALL_PARTS
+            || body > limit
+            || REC_BYTES + body > size
+        {
+            return Ok(Small::NotSmall);
+        }
+        let base = self.body_ptr(read) as *const u8;
+        // SAFETY: the body (`body` bytes, inside the record, checked above) was filled by the
+        // writer before it committed, and we hold the record under the lock.
+        let Some(spans) = (unsafe { read_part_table(base, nparts, body) }) else {
+            return Ok(Small::NotSmall); // not a table the writer made; leave it to claim
+        };
+        rec.owner.store(self.party()?, Ordering::Relaxed);
+        rec.state.store(ST_READING, Ordering::Relaxed);
+        let mut parts: [&[u8]; SMALL_PARTS] = [&[]; SMALL_PARTS];
+        for (p, &(off, len)) in parts.iter_mut().zip(&spans) {
+            // SAFETY: the part lies inside the record's body (checked by read_part_table),
+            // in the ring, and stays ours (READING) until we mark it DONE below.
+            *p = unsafe { std::slice::from_raw_parts(base.add(off as usize), len as usize) };
+        }
+        let out = f(
+            rec.seq.load(Ordering::Relaxed),
+            rec.kind.load(Ordering::Relaxed),
+            &parts[..nparts],
+        );
+        // Delivered: a death after this store abandons the record (its reader had it).
+        h.read.store(read + size, Ordering::Release);
+        rec.state.store(ST_DONE, Ordering::Release);
+        locked_sub(&h.pending, 1);
+        self.advance_tail(h);
+        Ok(Small::Took(out))
+    }
+
+    fn describe(&self, pos: u64, rec: &RecordHeader) -> Claimed {
+        let nparts = rec.nparts.load(Ordering::Relaxed) as usize;
+        Claimed {
+            pos,
+            seq: rec.seq.load(Ordering::Relaxed),
+            kind: rec.kind.load(Ordering::Relaxed),
+            parts: Vec::with_capacity(nparts.min(1024)),
+            side: None,
+            body: rec.body_len.load(Ordering::Relaxed),
+            released: false,
+        }
+    }
+
+    pub(super) fn side_name(&self, pos: u64, rec: &RecordHeader) -> String {
+        let room = rec.size.load(Ordering::Relaxed).saturating_sub(REC_BYTES);
+        let n = (rec.name_len.load(Ordering::Relaxed) as u64)
+            .min(ALIGN * 2)
+            .min(room) as usize;
+        let mut buf = vec![0u8; n];
+        // SAFETY: the writer stored `name_len` bytes of name after the header under the lock;
+        // `n` is at most the record's room and 128.
+        unsafe { std::ptr::copy_nonoverlapping(self.body_ptr(pos), buf.as_mut_ptr(), n) };
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
+    /// Maps side segments and reads every claim's part table, checking it against the memory
+    /// that holds the body. A claim that fails is abandoned (and the error returned after all
+    /// claims are given back).
+    fn open_sides(&self, out: &mut [Claimed], sides: Vec<(usize, SideRef)>) -> Result<()> {
+        let mut err = None;
+        let me = self.party()?;
+        for (i, side) in sides {
+            match side {
+                SideRef::OneShot(name) => match Segment::attach(&name) {
+                    Ok(seg) => {
+                        let _ = seg.unlink();
+                        out[i].side = Some(Arc::new(SideBuf::new(Arc::new(seg), None)));
+                    }
+                    Err(e) => {
+                        let _ = crate::shm::unlink_name(&name);
+                        err.get_or_insert(e);
+                    }
+                },
+                SideRef::Slot(idx, gen) => {
+                    let t = Taken {
+                        idx,
+                        gen,
+                        size: 0,
+                        fresh: false,
+                    };
+                    match self.maps.get(self.name(), t) {
+                        Ok(seg) => out[i].side = Some(self.lease(idx, gen, seg, me)),
+                        Err(e) => {
+                            if let Ok(_g) = self.lock_until(None) {
+                                self.hdr().slots.discard(self.name(), idx, gen);
+                            }
+                            err.get_or_insert(e);
+                        }
+                    }
+                }
+            }
+        }
+        for c in out.iter_mut() {
+            let rec = self.rec(c.pos);
+            let n = rec.nparts.load(Ordering::Relaxed) as usize;
+            let (base, room) = match &c.side {
+                Some(seg) => (seg.as_ptr() as *const u8, seg.len() as u64),
+                None => (
+                    self.body_ptr(c.pos) as *const u8,
+                    rec.size.load(Ordering::Relaxed) - REC_BYTES,
+                ),
+            };
+            let table = if c.body <= room {
+                // SAFETY: `c.body <= room` readable bytes at `base` (the record's room in the
+                // ring, or the mapped side segment), held by our claim.
+                unsafe { read_part_table(base, n, c.body) }
+            } else {
+                None
+            };
+            match table {
+                Some(t) => c.parts = t,
+                None => {
+                    err.get_or_insert(CoreError::BadSegment(format!(
+                        "{}: message {} has a corrupt part table",
+                        self.name(),
+                        c.seq
+                    )));
+                }
+            }
+        }
+        match err {
+            Some(e) => {
+                self.release(out);
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Address of part `i` of a claim (inside the ring or the side segment).
+    pub fn part_ptr(&self, c: &Claimed, i: usize) -> *const u8 {
+        let (off, _) = c.parts[i];
+        let base = match &c.side {
+            Some(seg) => seg.as_ptr() as *const u8,
+            None => self.body_ptr(c.pos) as *const u8,
+        };
+        // SAFETY: offsets come from a checked part table and lie inside the body.
+        unsafe { base.add(off as usize) }
+    }
+
+    /// Gives claims back. Never waits: each record is marked DONE with one store (it is ours);
+    /// the tail moves past them now if the lock is free, else whoever takes it next moves it.
+    pub fn release(&self, claims: &mut [Claimed]) {
+        let mut any = false;
+        for c in claims.iter_mut().filter(|c| !c.released) {
+            self.rec(c.pos).state.store(ST_DONE, Ordering::Release);
+            c.released = true;
+            any = true;
+        }
+        if !any {
+            return;
+        }
+        if let Ok(_g) = self.try_lock() {
+            self.advance_tail(self.hdr());
+        }
+        // Wake writers either way: one of them advances the tail if we could not.
+        self.wake_writers();
+    }
+
+    /// Under the lock: moves `tail` over released, padding and abandoned records.
+    pub(super) fn advance_tail(&self, h: &Header) {
+        let read = h.read.load(Ordering::Relaxed);
+        let mut tail = h.tail.load(Ordering::Relaxed);
+        let start = tail;
+        while tail < read {
+            let rec = self.rec(tail);
+            if !self.sane(tail, rec, read) {
+                break;
+            }
+            let st = rec.state.load(Ordering::Acquire);
+            if !matches!(st, ST_DONE | ST_PAD | ST_ABANDONED) {
+                break;
+            }
+            if st != ST_PAD {
+                locked_sub(&h.n_msgs, 1);
+                if rec.flags.load(Ordering::Relaxed) & (FLAG_SIDE | FLAG_SLOT) != 0 {
+                    locked_sub(&h.side_bytes, rec.body_len.load(Ordering::Relaxed));
+                }
+            }
+            tail += rec.size.load(Ordering::Relaxed);
+        }
+        if tail != start {
+            h.tail.store(tail, Ordering::Relaxed);
+            self.wake_writers();
+        }
+    }
+}

@@ -1,0 +1,762 @@
+//! The queue's unit tests (one process, threads, and forked children that die on purpose).
+
+use super::layout::*;
+use super::read::slot_of;
+use super::*;
+use crate::error::{CoreError, Result};
+use std::collections::HashMap;
+use std::thread;
+
+fn small(ring: u64) -> Queue {
+    Queue::create(&QueueConfig {
+        ring_bytes: ring,
+        max_messages: 1 << 20,
+        max_inline: None,
+        side_budget: None,
+        pool_bytes: None,
+        pool_min: None,
+    })
+    .unwrap()
+}
+
+/// Gets one message and returns (seq, kind, parts as owned vectors).
+fn get(q: &Queue, deadline: Option<Instant>) -> Result<(u64, u32, Vec<Vec<u8>>)> {
+    let mut c = q.claim(1, deadline)?;
+    let m = &c[0];
+    let parts = (0..m.parts.len())
+        .map(|i| {
+            let len = m.parts[i].1 as usize;
+            // SAFETY: the claim is held; the part lies inside its body.
+            unsafe { std::slice::from_raw_parts(q.part_ptr(m, i), len).to_vec() }
+        })
+        .collect();
+    let out = (m.seq, m.kind, parts);
+    q.release(&mut c);
+    Ok(out)
+}
+
+fn payload(producer: u64, i: u64) -> Vec<u8> {
+    let len = ((producer * 31 + i * 17) % 300) as usize;
+    (0..len).map(|k| (k as u64 ^ i ^ producer) as u8).collect()
+}
+
+#[test]
+fn round_trip_keeps_parts_and_tags() {
+    let q = small(1 << 16);
+    q.put(7, 3, &[b"pickle", b"", &[9u8; 100]], None).unwrap();
+    let (seq, kind, parts) = get(&q, None).unwrap();
+    assert_eq!((seq, kind), (7, 3));
+    assert_eq!(parts, vec![b"pickle".to_vec(), vec![], vec![9u8; 100]]);
+    assert!(q.is_empty());
+}
+
+#[test]
+fn zero_parts_and_zero_length_messages() {
+    let q = small(4096);
+    for i in 0..1000 {
+        q.put(i, 0, &[], None).unwrap();
+        let (seq, _, parts) = get(&q, None).unwrap();
+        assert_eq!(seq, i);
+        assert!(parts.is_empty());
+    }
+}
+
+#[test]
+fn wraps_around_many_times_with_odd_sizes() {
+    let q = small(8192);
+    for i in 0..20_000u64 {
+        let p = payload(1, i);
+        q.put(i, 1, &[&p], None).unwrap();
+        if i % 3 == 2 {
+            for j in i - 2..=i {
+                let (seq, _, parts) = get(&q, None).unwrap();
+                assert_eq!(seq, j);
+                assert_eq!(parts[0], payload(1, j));
+            }
+        }
+    }
+}
+
+#[test]
+fn oversized_messages_use_side_segments() {
+    let q = small(8192);
+    let big: Vec<u8> = (0..1_000_000u32).map(|i| (i % 251) as u8).collect();
+    q.put(1, 0, &[b"hdr", &big], None).unwrap();
+    q.put(2, 0, &[b"x"], None).unwrap();
+    let mut c = q.claim(2, None).unwrap();
+    assert!(c[0].side.is_some());
+    assert!(c[1].side.is_none());
+    let len = c[0].parts[1].1 as usize;
+    // SAFETY: claim held.
+    let got = unsafe { std::slice::from_raw_parts(q.part_ptr(&c[0], 1), len) };
+    assert_eq!(got, &big[..]);
+    let side = c[0].side.clone().unwrap();
+    q.release(&mut c);
+    // The side segment was unlinked at claim: nobody else can attach any more.
+    assert!(Segment::attach(side.name()).is_err());
+}
+
+/// A queue with a 64 KiB ring (16 KiB inline at most) and a pool of `pool` bytes.
+fn pooled(pool: Option<u64>) -> Queue {
+    Queue::create(&QueueConfig {
+        ring_bytes: 1 << 16,
+        max_messages: 1 << 10,
+        max_inline: None,
+        side_budget: None,
+        pool_bytes: pool,
+        pool_min: None,
+    })
+    .unwrap()
+}
+
+fn big(len: usize, salt: u8) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8 ^ salt).collect()
+}
+
+/// Claims one large message, checks its content, returns it with its side segment's name.
+fn claim_big(q: &Queue, want: &[u8]) -> (Vec<Claimed>, String) {
+    let c = q.claim(1, None).unwrap();
+    let len = c[0].parts[1].1 as usize;
+    // SAFETY: the claim is held.
+    let got = unsafe { std::slice::from_raw_parts(q.part_ptr(&c[0], 1), len) };
+    assert_eq!(got, want);
+    let name = c[0].side.as_ref().unwrap().name().to_owned();
+    (c, name)
+}
+
+#[test]
+fn large_messages_reuse_pooled_segments() {
+    let q = pooled(None);
+    let a = big(40_000, 1);
+    q.put(1, 0, &[b"hdr", &a], None).unwrap();
+    let (mut c, first) = claim_big(&q, &a);
+    assert!(c[0].side.as_ref().unwrap().pooled());
+    q.release(&mut c);
+    drop(c);
+    let kept = q.pool_bytes().0;
+    assert!(kept >= 40_000, "{kept}");
+    for salt in 2..20 {
+        let b = big(40_000 - salt as usize, salt);
+        q.put(salt as u64, 0, &[b"hdr", &b], None).unwrap();
+        let (mut c, name) = claim_big(&q, &b);
+        assert_eq!(name, first, "the free segment is reused");
+        q.release(&mut c);
+    }
+    assert_eq!(q.pool_bytes().0, kept);
+}
+
+#[test]
+fn a_held_view_keeps_its_slot() {
+    let q = pooled(None);
+    let a = big(30_000, 1);
+    q.put(1, 0, &[b"hdr", &a], None).unwrap();
+    let (mut ca, name_a) = claim_big(&q, &a);
+    q.release(&mut ca);
+    let view_a = ca[0].side.clone().unwrap();
+    let off = ca[0].parts[1].0 as usize;
+    drop(ca);
+    let b = big(30_000, 2);
+    q.put(2, 0, &[b"hdr", &b], None).unwrap();
+    let (mut cb, name_b) = claim_big(&q, &b);
+    q.release(&mut cb);
+    drop(cb);
+    assert_ne!(name_a, name_b, "a slot in use is not written over");
+    // SAFETY: the view keeps the mapping alive; the body starts at `off`.
+    let still = unsafe { std::slice::from_raw_parts(view_a.as_ptr().add(off), a.len()) };
+    assert_eq!(still, &a[..]);
+    drop(view_a);
+    let c = big(30_000, 3);
+    q.put(3, 0, &[b"hdr", &c], None).unwrap();
+    let (_cc, name_c) = claim_big(&q, &c);
+    assert!(name_c == name_a || name_c == name_b);
+}
+
+#[test]
+fn the_pool_stays_under_its_cap() {
+    // No pool: every large message gets a one-shot segment.
+    let q = pooled(Some(0));
+    let a = big(30_000, 1);
+    q.put(1, 0, &[b"hdr", &a], None).unwrap();
+    let (mut c, _) = claim_big(&q, &a);
+    assert!(!c[0].side.as_ref().unwrap().pooled());
+    q.release(&mut c);
+    assert_eq!(q.pool_bytes(), (0, 0));
+    // Room for two 40 KB segments: views held on three messages make the third one-shot.
+    let q = pooled(Some(100_000));
+    let mut held = Vec::new();
+    for salt in 0..3u8 {
+        let b = big(40_000, salt);
+        q.put(salt as u64, 0, &[b"hdr", &b], None).unwrap();
+        let (mut c, _) = claim_big(&q, &b);
+        q.release(&mut c);
+        held.push(c[0].side.clone().unwrap());
+    }
+    let pooled_now: Vec<bool> = held.iter().map(|s| s.pooled()).collect();
+    assert_eq!(pooled_now, vec![true, true, false]);
+    assert!(q.pool_bytes().0 <= 100_000);
+}
+
+#[test]
+fn mid_sized_messages_lease_a_slot_or_go_inline() {
+    let q = |pool: u64| {
+        Queue::create(&QueueConfig {
+            ring_bytes: 1 << 20,
+            max_messages: 1 << 10,
+            max_inline: None,
+            side_budget: None,
+            pool_bytes: Some(pool),
+            pool_min: Some(8 << 10),
+        })
+        .unwrap()
+    };
+    let a = big(20_000, 1);
+    let small = b"tiny".to_vec();
+    // Above pool_min: a slot (zero-copy); below: inline.
+    let pooled_q = q(1 << 20);
+    pooled_q.put(1, 0, &[b"hdr", &a], None).unwrap();
+    pooled_q.put(2, 0, &[b"hdr", &small], None).unwrap();
+    let (mut c, _) = claim_big(&pooled_q, &a);
+    assert!(c[0].side.as_ref().unwrap().pooled());
+    pooled_q.release(&mut c);
+    let mut c = pooled_q.claim(1, None).unwrap();
+    assert!(c[0].side.is_none());
+    pooled_q.release(&mut c);
+    // No pool: a message that fits inline goes inline, never to a one-shot segment.
+    let inline_q = q(0);
+    inline_q.put(1, 0, &[b"hdr", &a], None).unwrap();
+    let mut c = inline_q.claim(1, None).unwrap();
+    assert!(c[0].side.is_none());
+    let len = c[0].parts[1].1 as usize;
+    // SAFETY: the claim is held.
+    let got = unsafe { std::slice::from_raw_parts(inline_q.part_ptr(&c[0], 1), len) };
+    assert_eq!(got, &a[..]);
+    inline_q.release(&mut c);
+}
+
+#[test]
+fn a_larger_message_evicts_a_free_smaller_segment() {
+    let q = pooled(Some(150_000));
+    let a = big(40_000, 1);
+    q.put(1, 0, &[b"hdr", &a], None).unwrap();
+    let (mut c, small_name) = claim_big(&q, &a);
+    q.release(&mut c);
+    drop(c);
+    let b = big(120_000, 2);
+    q.put(2, 0, &[b"hdr", &b], None).unwrap();
+    let (mut c, big_name) = claim_big(&q, &b);
+    assert!(c[0].side.as_ref().unwrap().pooled());
+    q.release(&mut c);
+    assert_ne!(small_name, big_name);
+    assert!(
+        Segment::attach(&small_name).is_err(),
+        "evicted segments are unlinked"
+    );
+    let (kept, cap) = q.pool_bytes();
+    assert!(kept >= 120_000 && kept <= cap, "{kept} {cap}");
+}
+
+#[test]
+fn a_slot_held_by_a_dead_reader_is_recovered() {
+    let q = pooled(None);
+    let a = big(30_000, 1);
+    q.put(1, 0, &[b"hdr", &a], None).unwrap();
+    let (mut c, name) = claim_big(&q, &a);
+    q.release(&mut c);
+    // Pretend the reader died while its views lived.
+    let idx = slot_of(q.rec(c[0].pos)).0;
+    let ghost = q.hdr().parties.register_ghost();
+    q.hdr().slots.set_holder(idx, ghost);
+    assert!(q.recover() >= 1);
+    assert_eq!(q.pool_bytes().0, 0);
+    assert!(Segment::attach(&name).is_err());
+    // Our (stale) lease does not free a slot that is no longer ours.
+    drop(c);
+    assert_eq!(q.pool_bytes().0, 0);
+}
+
+#[test]
+fn dropping_the_owner_unlinks_pooled_segments() {
+    let q = pooled(None);
+    let other = Queue::attach(q.name()).unwrap();
+    let a = big(30_000, 1);
+    other.put(1, 0, &[b"hdr", &a], None).unwrap();
+    let (mut c, name) = claim_big(&q, &a);
+    q.release(&mut c);
+    drop(c);
+    drop(other);
+    assert!(
+        Segment::attach(&name).is_ok(),
+        "kept for reuse while the queue lives"
+    );
+    // A view that outlives the queue keeps its memory, not the names.
+    q.put(2, 0, &[b"hdr", &a], None).unwrap();
+    let (mut c, _) = claim_big(&q, &a);
+    q.release(&mut c);
+    let view = c[0].side.clone().unwrap();
+    let off = c[0].parts[1].0 as usize;
+    drop(c);
+    let qname = q.name().to_owned();
+    drop(q);
+    assert!(Segment::attach(&name).is_err());
+    assert!(Segment::attach(&qname).is_err());
+    // SAFETY: the view keeps the mapping alive; the part starts at `off`.
+    let still = unsafe { std::slice::from_raw_parts(view.as_ptr().add(off), a.len()) };
+    assert_eq!(still, &a[..]);
+}
+
+#[test]
+fn bounded_in_messages_and_nonblocking_calls() {
+    let q = Queue::create(&QueueConfig {
+        ring_bytes: 1 << 16,
+        max_messages: 3,
+        max_inline: None,
+        side_budget: None,
+        pool_bytes: None,
+        pool_min: None,
+    })
+    .unwrap();
+    let now = Some(Instant::now());
+    for i in 0..3 {
+        q.put(i, 0, &[b"a"], now).unwrap();
+    }
+    assert!(matches!(q.put(3, 0, &[b"a"], now), Err(CoreError::Full)));
+    assert_eq!(q.len(), 3);
+    get(&q, now).unwrap();
+    q.put(3, 0, &[b"a"], now).unwrap();
+    for _ in 0..3 {
+        get(&q, now).unwrap();
+    }
+    assert!(matches!(get(&q, now), Err(CoreError::Empty)));
+}
+
+#[test]
+fn bounded_in_bytes() {
+    let q = small(4096);
+    let chunk = vec![1u8; 900];
+    let now = Some(Instant::now());
+    let mut n = 0;
+    while q.put(n, 0, &[&chunk], now).is_ok() {
+        n += 1;
+        assert!(n < 10, "ring of 4 KiB took more than 4 KiB");
+    }
+    assert!(n >= 2);
+}
+
+#[test]
+fn close_wakes_blocked_readers_and_writers() {
+    let q = Arc::new(small(4096));
+    let r = {
+        let q = q.clone();
+        thread::spawn(move || get(&q, None).map(|_| ()))
+    };
+    let full = Arc::new(
+        Queue::create(&QueueConfig {
+            ring_bytes: 4096,
+            max_messages: 1,
+            max_inline: None,
+            side_budget: None,
+            pool_bytes: None,
+            pool_min: None,
+        })
+        .unwrap(),
+    );
+    full.put(0, 0, &[], None).unwrap();
+    let w = {
+        let full = full.clone();
+        thread::spawn(move || full.put(1, 0, &[], None))
+    };
+    thread::sleep(Duration::from_millis(50));
+    q.close(None);
+    full.close(None);
+    assert!(matches!(r.join().unwrap(), Err(CoreError::Closed)));
+    assert!(matches!(w.join().unwrap(), Err(CoreError::Closed)));
+    // Closed queues still hand out what they hold, then report Closed.
+    assert_eq!(get(&full, None).unwrap().0, 0);
+    assert!(matches!(get(&full, None), Err(CoreError::Closed)));
+}
+
+#[test]
+fn a_close_racing_batched_puts_loses_nothing_and_hangs_no_reader() {
+    for round in 0..20u64 {
+        let q = Arc::new(small(1 << 16));
+        let writers: Vec<_> = (0..2)
+            .map(|w| {
+                let q = q.clone();
+                thread::spawn(move || {
+                    let body = [7u8; 40];
+                    let parts: [&[u8]; 1] = [&body];
+                    let batch: Vec<(u64, u32, &[&[u8]])> =
+                        (0..16).map(|i| (i, w, &parts[..])).collect();
+                    let mut put = 0;
+                    loop {
+                        match q.try_put_many(&batch) {
+                            Ok(n) => put += n,
+                            Err(CoreError::Closed) => return put,
+                            // Only tries the lock: another thread holds it now.
+                            Err(CoreError::Busy { .. }) => {}
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let reader = {
+            let q = q.clone();
+            thread::spawn(move || {
+                let mut got = 0;
+                // A record left reserved by the close would stall this until the deadline.
+                let deadline = || Some(Instant::now() + Duration::from_secs(10));
+                loop {
+                    match q.claim(32, deadline()) {
+                        Ok(mut c) => {
+                            got += c.len();
+                            q.release(&mut c);
+                        }
+                        Err(CoreError::Closed) => return got,
+                        Err(e) => panic!("reader: {e}"),
+                    }
+                }
+            })
+        };
+        // Close while batches are going in (after the first ones landed).
+        let until = Instant::now() + Duration::from_secs(10);
+        while q.totals().0 == 0 && Instant::now() < until {
+            thread::yield_now();
+        }
+        thread::sleep(Duration::from_millis(round % 5));
+        q.close(None);
+        let put: usize = writers.into_iter().map(|w| w.join().unwrap()).sum();
+        assert!(put > 0);
+        assert_eq!(reader.join().unwrap(), put, "round {round}");
+    }
+}
+
+#[test]
+fn stress_many_writers_many_readers_no_loss_no_dup_fifo_per_writer() {
+    const WRITERS: u64 = 4;
+    const READERS: usize = 3;
+    const PER: u64 = 20_000;
+    let q = Arc::new(small(1 << 15));
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let q = q.clone();
+            thread::spawn(move || {
+                let mut i = 0;
+                while i < PER {
+                    // Alternate single puts and batches.
+                    if i % 5 == 0 && i + 4 <= PER {
+                        let ps: Vec<Vec<u8>> = (i..i + 4).map(|k| payload(w, k)).collect();
+                        let parts: Vec<[&[u8]; 1]> = ps.iter().map(|p| [&p[..]]).collect();
+                        let msgs: Vec<(u64, u32, &[&[u8]])> = (0..4)
+                            .map(|k| ((w << 32) | (i + k as u64), w as u32, &parts[k][..]))
+                            .collect();
+                        assert_eq!(q.put_many(&msgs, None).unwrap(), 4);
+                        i += 4;
+                    } else {
+                        let p = payload(w, i);
+                        q.put((w << 32) | i, w as u32, &[&p], None).unwrap();
+                        i += 1;
+                    }
+                }
+            })
+        })
+        .collect();
+    let readers: Vec<_> = (0..READERS)
+        .map(|_| {
+            let q = q.clone();
+            thread::spawn(move || {
+                let mut seen: HashMap<u64, Vec<u64>> = HashMap::new();
+                loop {
+                    let mut c = match q.claim(16, None) {
+                        Ok(c) => c,
+                        Err(CoreError::Closed) => break,
+                        Err(e) => panic!("{e}"),
+                    };
+                    for m in &c {
+                        let w = m.seq >> 32;
+                        let i = m.seq & 0xffff_ffff;
+                        assert_eq!(m.kind as u64, w);
+                        let len = m.parts[0].1 as usize;
+                        // SAFETY: claim held.
+                        let got = unsafe { std::slice::from_raw_parts(q.part_ptr(m, 0), len) };
+                        assert_eq!(got, &payload(w, i)[..], "payload of {w}/{i}");
+                        seen.entry(w).or_default().push(i);
+                    }
+                    q.release(&mut c);
+                }
+                seen
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    q.close(None);
+    let mut all: HashMap<u64, Vec<u64>> = HashMap::new();
+    for r in readers {
+        for (w, v) in r.join().unwrap() {
+            // Each reader claims in FIFO order, so its share of one writer is increasing.
+            assert!(
+                v.windows(2).all(|p| p[0] < p[1]),
+                "FIFO broken for writer {w}"
+            );
+            all.entry(w).or_default().extend(v);
+        }
+    }
+    for w in 0..WRITERS {
+        let mut v = all.remove(&w).unwrap();
+        v.sort_unstable();
+        assert_eq!(
+            v,
+            (0..PER).collect::<Vec<_>>(),
+            "loss or duplicate for writer {w}"
+        );
+    }
+}
+
+#[test]
+fn record_of_a_dead_writer_is_abandoned_and_skipped() {
+    let q = small(1 << 14);
+    let h = q.hdr();
+    {
+        let _g = q.lock_until(None).unwrap();
+        let ghost = h.parties.register_ghost();
+        // Pretend a process that no longer exists is writing it.
+        let r = q.try_reserve(h, ghost, 1, 0, 0, 0).unwrap();
+        assert_eq!(q.rec(r.pos).owner.load(Ordering::Relaxed), ghost);
+    }
+    q.put(2, 0, &[b"ok"], None).unwrap();
+    // The reader would wait behind the dead record; recovery lets it through.
+    let (seq, _, _) = get(&q, Some(Instant::now() + Duration::from_secs(5))).unwrap();
+    assert_eq!(seq, 2);
+}
+
+/// Gets one small message the way Python's `get` does: [`Queue::take_small`], waiting on
+/// the data stamp when the queue is empty.
+fn take_one(q: &Queue, deadline: Option<Instant>) -> Result<(u64, u32, Vec<Vec<u8>>)> {
+    let copy = |seq, kind, parts: &[&[u8]]| (seq, kind, parts.iter().map(|p| p.to_vec()).collect());
+    loop {
+        let stamp = q.data_stamp();
+        match q.take_small(1 << 10, copy)? {
+            Small::Took(m) => return Ok(m),
+            Small::NotSmall => panic!("expected a small message"),
+            // Held by someone (perhaps dead): the slow way waits, takes over, repairs.
+            Small::Busy => return get(q, deadline),
+            Small::Empty => {
+                if !q.wait_readable(stamp, deadline) {
+                    return Err(CoreError::Empty);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn an_empty_queue_takes_any_record_that_fits_at_once() {
+    let q = small(4096);
+    for size in [8usize, 600, 8, 900, 100, 1000] {
+        // Drained: a record of any size up to the inline limit fits without waiting.
+        q.put(size as u64, 0, &[&vec![1u8; size]], Some(Instant::now()))
+            .unwrap_or_else(|e| panic!("{size} B into an empty queue: {e}"));
+        assert_eq!(get(&q, None).unwrap().2[0].len(), size);
+    }
+}
+
+#[test]
+fn take_small_copies_and_releases_under_one_lock() {
+    let q = small(4096);
+    // Many times round the ring: each take frees its record's space at once.
+    for i in 0..2000u64 {
+        let p = payload(1, i);
+        q.put(i, 3, &[b"head", &p], None).unwrap();
+        let (seq, kind, parts) = take_one(&q, None).unwrap();
+        assert_eq!((seq, kind), (i, 3));
+        assert_eq!(parts, vec![b"head".to_vec(), p]);
+    }
+    assert_eq!(q.len(), 0);
+    assert!(matches!(q.take_small(64, |_, _, _| ()), Ok(Small::Empty)));
+    // Zero parts, and an empty part.
+    q.put(1, 0, &[], None).unwrap();
+    q.put(2, 0, &[b""], None).unwrap();
+    assert_eq!(take_one(&q, None).unwrap().2, Vec::<Vec<u8>>::new());
+    assert_eq!(take_one(&q, None).unwrap().2, vec![Vec::<u8>::new()]);
+    q.close(None);
+    assert!(matches!(take_one(&q, None), Err(CoreError::Closed)));
+}
+
+#[test]
+fn take_small_leaves_large_and_many_part_messages_to_claim() {
+    let q = small(1 << 16);
+    let big = vec![7u8; 3000];
+    let five: [&[u8]; 5] = [b"a", b"b", b"c", b"d", b"e"];
+    q.put(1, 0, &[&big], None).unwrap();
+    q.put(2, 0, &five, None).unwrap();
+    q.put(3, 0, &[b"x"], None).unwrap();
+    for want in [1, 2] {
+        assert!(matches!(
+            q.take_small(1 << 10, |_, _, _| ()),
+            Ok(Small::NotSmall)
+        ));
+        assert_eq!(get(&q, None).unwrap().0, want);
+    }
+    assert_eq!(take_one(&q, None).unwrap(), (3, 0, vec![b"x".to_vec()]));
+}
+
+#[test]
+fn a_reader_killed_inside_take_small_loses_nothing_and_blocks_nothing() {
+    let q = small(1 << 14);
+    q.put(1, 0, &[b"not lost with its reader"], None).unwrap();
+    q.put(2, 0, &[b"next"], None).unwrap();
+    // SAFETY: the child only touches the queue's shared memory and leaves with _exit, so
+    // it runs no destructor or test-harness code inherited from this process.
+    let child = unsafe { libc::fork() };
+    assert!(child >= 0, "fork failed");
+    if child == 0 {
+        // Dies holding the queue lock, its record marked READING.
+        let _ = q.take_small(1 << 10, |_, _, _| unsafe { libc::_exit(0) });
+        unsafe { libc::_exit(1) };
+    }
+    let mut status = 0;
+    // SAFETY: waits for our own child; `status` is a valid out-pointer.
+    assert_eq!(unsafe { libc::waitpid(child, &mut status, 0) }, child);
+    assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0);
+    let holder = q.hdr().lock.0.holder();
+    assert_eq!(
+        q.hdr().parties.identity(holder).map(|id| id.pid),
+        Some(child as u32),
+        "died holding the lock"
+    );
+    let first = q.rec(q.hdr().read.load(Ordering::Relaxed));
+    assert_eq!(first.state.load(Ordering::Relaxed), ST_READING);
+    // The lock is taken over; the dead reader never returned its message, so it is given
+    // back and delivered, then the rest flows.
+    let deadline = Some(Instant::now() + Duration::from_secs(10));
+    let (seq, _, parts) = take_one(&q, deadline).unwrap();
+    assert_eq!(
+        (seq, parts),
+        (1, vec![b"not lost with its reader".to_vec()])
+    );
+    let (seq, _, parts) = take_one(&q, deadline).unwrap();
+    assert_eq!((seq, parts), (2, vec![b"next".to_vec()]));
+    q.put(3, 0, &[b"after"], None).unwrap();
+    assert_eq!(take_one(&q, deadline).unwrap().0, 3);
+    assert_eq!(q.len(), 0);
+    q.audit(deadline).unwrap();
+}
+
+#[test]
+fn lock_held_by_a_dead_process_is_taken_over() {
+    let q = small(4096);
+    let ghost = q.hdr().parties.register_ghost();
+    q.hdr().lock.0.force_holder(ghost);
+    q.put(1, 0, &[], None).unwrap();
+    assert_eq!(get(&q, None).unwrap().0, 1);
+}
+
+#[test]
+fn attach_checks_the_layout() {
+    let q = small(4096);
+    let other = Queue::attach(q.name()).unwrap();
+    other.put(5, 1, &[b"hi"], None).unwrap();
+    assert_eq!(get(&q, None).unwrap().2[0], b"hi");
+    let seg = Segment::create(8192, crate::liveness::me().unwrap()).unwrap();
+    assert!(matches!(
+        Queue::attach(seg.name()),
+        Err(CoreError::BadSegment(_))
+    ));
+}
+
+/// A party that does not exist (its token was never made): dead to everyone.
+fn ghost(q: &Queue, salt: u32) -> u32 {
+    let me = crate::liveness::me().unwrap();
+    let id = crate::liveness::Identity {
+        pid: me.pid,
+        nonce: me.nonce ^ salt,
+    };
+    q.hdr().parties.register(id).unwrap().0
+}
+
+#[test]
+fn a_claim_cut_short_by_death_is_given_back() {
+    let q = small(1 << 14);
+    for i in 0..3 {
+        q.put(i, 0, &[b"m"], None).unwrap();
+    }
+    let h = q.hdr();
+    let g = ghost(&q, 0x1111_1111);
+    // What a reader leaves when it dies inside `claim` before storing `read`: two records
+    // READING, `pending` already lowered, the lock held.
+    let mut pos = h.read.load(Ordering::Relaxed);
+    for _ in 0..2 {
+        let rec = q.rec(pos);
+        rec.owner.store(g, Ordering::Relaxed);
+        rec.state.store(ST_READING, Ordering::Relaxed);
+        pos += rec.size.load(Ordering::Relaxed);
+    }
+    locked_sub(&h.pending, 2);
+    h.lock.0.force_holder(g);
+    let deadline = Some(Instant::now() + Duration::from_secs(10));
+    let got: Vec<u64> = (0..3).map(|_| get(&q, deadline).unwrap().0).collect();
+    assert_eq!(got, vec![0, 1, 2], "nothing lost, order kept");
+    q.audit(deadline).unwrap();
+}
+
+#[test]
+fn an_interrupted_restart_of_an_empty_ring_is_evened_out() {
+    let q = small(4096);
+    q.put(1, 0, &[&[5u8; 100]], None).unwrap();
+    get(&q, None).unwrap();
+    let h = q.hdr();
+    let at = h.head.load(Ordering::Relaxed);
+    assert!(at % q.ring_size() != 0);
+    // The restart stores tail, read, head in turn; the writer died after the first.
+    h.tail.store(align_up(at, q.ring_size()), Ordering::Relaxed);
+    let g = ghost(&q, 0x2222_2222);
+    h.lock.0.force_holder(g);
+    let deadline = Some(Instant::now() + Duration::from_secs(10));
+    q.put(2, 0, &[&[6u8; 1000]], deadline).unwrap();
+    assert_eq!(get(&q, deadline).unwrap().0, 2);
+    q.audit(deadline).unwrap();
+}
+
+#[test]
+fn counters_a_dead_holder_left_wrong_are_rebuilt() {
+    let q = small(1 << 14);
+    q.put(1, 0, &[b"x"], None).unwrap();
+    get(&q, None).unwrap();
+    let h = q.hdr();
+    // As the issue found: a counter wrapped by a death between two stores.
+    h.pending.store(u64::MAX, Ordering::Relaxed);
+    h.n_msgs.store(u64::MAX, Ordering::Relaxed);
+    let g = ghost(&q, 0x3333_3333);
+    h.lock.0.force_holder(g);
+    let deadline = Some(Instant::now() + Duration::from_secs(10));
+    // `put` into an empty queue must not report Full for ever.
+    q.put(2, 0, &[b"y"], deadline).unwrap();
+    assert_eq!(get(&q, deadline).unwrap().0, 2);
+    q.close(deadline);
+    // A closed, drained queue reports Closed (it waited for ever before).
+    assert!(matches!(get(&q, deadline), Err(CoreError::Closed)));
+    q.audit(deadline).unwrap();
+}
+
+#[test]
+fn a_full_party_table_adopts_a_dead_entry() {
+    let q = small(1 << 14);
+    for k in 0..parties::PARTIES as u32 {
+        ghost(&q, 0x4000_0000 | k);
+    }
+    let deadline = Some(Instant::now() + Duration::from_secs(10));
+    // Every entry is taken by a dead party; this process still gets in, and a record a
+    // ghost left WRITING is given up rather than waited on.
+    let h = q.hdr();
+    {
+        let g1 = h.lock.0.try_lock(1).unwrap();
+        let r = q.try_reserve(h, 1, 9, 0, 0, 0).unwrap();
+        assert_eq!(q.rec(r.pos).owner.load(Ordering::Relaxed), 1);
+        drop(g1);
+    }
+    q.put(1, 0, &[b"in"], deadline).unwrap();
+    assert_eq!(get(&q, deadline).unwrap().0, 1);
+    q.audit(deadline).unwrap();
+}

@@ -1,0 +1,305 @@
+//! Writing: reserve room under the lock, copy the parts with no lock held, commit with one
+//! store.
+
+use super::layout::*;
+use super::parties::Side;
+use super::Queue;
+use crate::error::{CoreError, Result};
+use crate::shm::Segment;
+use crate::slots::Taken;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// Most messages [`Queue::try_put_many`] reserves under one lock hold.
+pub const PUT_BATCH: usize = 64;
+
+/// Where a large message's body goes.
+enum SideTo {
+    Slot(Taken),
+    /// A one-shot segment: its name and length.
+    OneShot(String, u64),
+}
+
+/// Where a writer may copy its parts.
+pub(super) struct Reservation {
+    pub pos: u64,
+    side: Option<SideTo>,
+}
+
+impl Queue {
+    /// Reserves room for one message under the lock (held by party `me`); `None` when it does
+    /// not fit yet.
+    pub(super) fn try_reserve(
+        &self,
+        h: &Header,
+        me: u32,
+        seq: u64,
+        kind: u32,
+        nparts: u32,
+        body: u64,
+    ) -> Option<Reservation> {
+        if h.n_msgs.load(Ordering::Relaxed) >= h.max_msgs.load(Ordering::Relaxed) {
+            self.advance_tail(h);
+            if h.n_msgs.load(Ordering::Relaxed) >= h.max_msgs.load(Ordering::Relaxed) {
+                return None;
+            }
+        }
+        let inline_need = align_up(REC_BYTES.saturating_add(body), ALIGN);
+        let large = inline_need > h.max_inline.load(Ordering::Relaxed);
+        let used = h.side_bytes.load(Ordering::Relaxed);
+        let within_budget =
+            used == 0 || used.saturating_add(body) <= h.side_budget.load(Ordering::Relaxed);
+        if large && !within_budget {
+            return None;
+        }
+        let mut side = None;
+        if within_budget && body >= h.pool_min.load(Ordering::Relaxed) {
+            side = h.slots.take(self.name(), body, me).map(SideTo::Slot);
+        }
+        if side.is_none() && large {
+            let owner = self.owner()?;
+            side = Some(SideTo::OneShot(crate::shm::new_name_for(owner), body));
+        }
+        let need = match &side {
+            None => inline_need,
+            Some(SideTo::Slot(_)) => REC_BYTES,
+            Some(SideTo::OneShot(name, _)) => align_up(REC_BYTES + name.len() as u64, ALIGN),
+        };
+        let r = self.ring_size;
+        let mut head = h.head.load(Ordering::Relaxed);
+        let mut tail = h.tail.load(Ordering::Relaxed);
+        let fits = |head: u64, tail: u64| {
+            let off = head % r;
+            let pad = if off + need > r { r - off } else { 0 };
+            head + pad + need - tail <= r
+        };
+        if !fits(head, tail) {
+            // Released records may wait for the tail to pass them (their readers release
+            // without the lock).
+            self.advance_tail(h);
+            tail = h.tail.load(Ordering::Relaxed);
+        }
+        if head == tail && head % r != 0 {
+            // Empty: restart at the ring's start so that any record up to half the ring fits.
+            // Three stores; a death between them leaves `tail` ahead, which repair evens out
+            // (it is only ever done on an empty ring).
+            head = align_up(head, r);
+            tail = head;
+            h.tail.store(head, Ordering::Relaxed);
+            h.read.store(head, Ordering::Relaxed);
+            h.head.store(head, Ordering::Relaxed);
+        }
+        if !fits(head, tail) {
+            if let Some(SideTo::Slot(t)) = side {
+                h.slots.untake(t);
+            }
+            return None;
+        }
+        let off = head % r;
+        if off + need > r {
+            let p = self.rec(head);
+            p.size.store(r - off, Ordering::Relaxed);
+            p.flags.store(0, Ordering::Relaxed);
+            p.state.store(ST_PAD, Ordering::Release);
+            head += r - off;
+            h.head.store(head, Ordering::Relaxed);
+        }
+        let rec = self.rec(head);
+        rec.owner.store(me, Ordering::Relaxed);
+        rec.state.store(ST_WRITING, Ordering::Release);
+        rec.seq.store(seq, Ordering::Relaxed);
+        rec.kind.store(kind, Ordering::Relaxed);
+        rec.nparts.store(nparts, Ordering::Relaxed);
+        rec.size.store(need, Ordering::Relaxed);
+        rec.body_len.store(body, Ordering::Relaxed);
+        rec.flags.store(0, Ordering::Relaxed);
+        match &side {
+            None => {}
+            Some(SideTo::Slot(t)) => {
+                rec.slot.store(t.idx as u64, Ordering::Relaxed);
+                rec.slot_gen.store(t.gen, Ordering::Relaxed);
+                rec.flags.store(FLAG_SLOT, Ordering::Relaxed);
+            }
+            Some(SideTo::OneShot(name, _)) => {
+                rec.name_len.store(name.len() as u32, Ordering::Relaxed);
+                // SAFETY: the record has `need >= 64 + name.len()` bytes reserved for us.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(name.as_ptr(), self.body_ptr(head), name.len())
+                };
+                rec.flags.store(FLAG_SIDE, Ordering::Relaxed);
+            }
+        }
+        // Publish the reservation: a death before this store leaves nothing reserved. The
+        // counters after it are derived and rebuilt by repair if we die here.
+        h.head.store(head + need, Ordering::Release);
+        if side.is_some() {
+            locked_add(&h.side_bytes, body);
+        }
+        locked_add(&h.n_msgs, 1);
+        locked_add(&h.pending, 1);
+        Some(Reservation { pos: head, side })
+    }
+
+    /// Writes the parts of a reserved message and commits it (or abandons it on error).
+    /// Returns whether it committed.
+    fn fill_and_commit(&self, res: Reservation, parts: &[&[u8]]) -> Result<()> {
+        let rec = self.rec(res.pos);
+        let h = self.hdr();
+        let outcome = match &res.side {
+            None => {
+                // SAFETY: the record's body was reserved for exactly this layout.
+                unsafe { write_body(self.body_ptr(res.pos), parts) };
+                Ok(())
+            }
+            Some(SideTo::Slot(t)) => match self.maps.get(self.name(), *t) {
+                Ok(seg) => {
+                    // SAFETY: the slot's segment holds at least `body_len(parts)` bytes
+                    // (checked by SlotMaps::get) and is ours (BUSY, holder us) until commit.
+                    unsafe { write_body(seg.as_ptr(), parts) };
+                    h.slots.hand_to_ring(t.idx);
+                    Ok(())
+                }
+                Err(e) => {
+                    if let Ok(_g) = self.lock_until(None) {
+                        h.slots.discard(self.name(), t.idx, t.gen);
+                    }
+                    Err(e)
+                }
+            },
+            Some(SideTo::OneShot(name, len)) => {
+                Segment::create_named(name, *len as usize).map(|seg| {
+                    // SAFETY: the new segment has `len = body_len(parts)` bytes, ours alone.
+                    unsafe { write_body(seg.as_ptr(), parts) };
+                    // The reader attaches by name; our handle must not unlink it on drop.
+                    seg.forget_name();
+                })
+            }
+        };
+        rec.state.store(
+            if outcome.is_ok() {
+                ST_READY
+            } else {
+                ST_ABANDONED
+            },
+            Ordering::Release,
+        );
+        self.wake_readers(1);
+        outcome
+    }
+
+    /// Puts one message; blocks until there is room or `deadline` passes (`None`: forever;
+    /// a deadline already past: do not block).
+    pub fn put(
+        &self,
+        seq: u64,
+        kind: u32,
+        parts: &[&[u8]],
+        deadline: Option<Instant>,
+    ) -> Result<()> {
+        self.put_many(&[(seq, kind, parts)], deadline).map(|_| ())
+    }
+
+    /// Puts messages in order, reserving as many as fit under one lock. Returns how many were
+    /// put: all of them, unless the deadline passed (then `Err(Full)` if none was put).
+    /// Errors other than `Full` after some were put are returned as `Partial`, so that a
+    /// caller knows how many went in and never puts them twice.
+    pub fn put_many(
+        &self,
+        msgs: &[(u64, u32, &[&[u8]])],
+        deadline: Option<Instant>,
+    ) -> Result<usize> {
+        let h = self.hdr();
+        let mut done = 0;
+        while done < msgs.len() {
+            let seen = h.space_seq.0.load(Ordering::SeqCst);
+            let n = match self.put_some(&msgs[done..], deadline) {
+                Ok(n) => n,
+                Err(CoreError::Busy { .. }) if deadline.map_or(true, |d| Instant::now() < d) => 0,
+                Err(CoreError::Busy { .. }) => break,
+                Err(e) if done == 0 => return Err(e),
+                Err(e) => return Err(CoreError::partial(done, e)),
+            };
+            done += n;
+            if n > 0 {
+                continue;
+            }
+            if !self.wait_for(
+                &h.space_seq.0,
+                &h.writers_waiting,
+                Side::Writer,
+                seen,
+                deadline,
+            ) {
+                break;
+            }
+        }
+        if done == 0 && !msgs.is_empty() {
+            return Err(CoreError::Full);
+        }
+        Ok(done)
+    }
+
+    /// Puts the first messages that fit now (up to [`PUT_BATCH`] under one lock hold), never
+    /// waiting for room, and only *trying* the lock (`Err(Busy)` if it is held): for callers
+    /// that hold the GIL. Returns how many were put.
+    pub fn try_put_many(&self, msgs: &[(u64, u32, &[&[u8]])]) -> Result<usize> {
+        let g = self.try_lock()?;
+        self.put_locked(g, msgs)
+    }
+
+    /// As [`Queue::try_put_many`], but waits for the lock until `deadline`.
+    fn put_some(&self, msgs: &[(u64, u32, &[&[u8]])], deadline: Option<Instant>) -> Result<usize> {
+        let g = self.lock_until(deadline)?;
+        self.put_locked(g, msgs)
+    }
+
+    /// Reserves the first messages that fit under the lock `g`, releases it, then fills and
+    /// commits them. Returns how many.
+    fn put_locked(
+        &self,
+        g: crate::shmlock::ShmLockGuard<'_>,
+        msgs: &[(u64, u32, &[&[u8]])],
+    ) -> Result<usize> {
+        let h = self.hdr();
+        let me = self.party()?;
+        // The one-message call allocates nothing.
+        let mut one = [None];
+        let mut many = Vec::new();
+        let batch: &mut [Option<Reservation>] = if msgs.len() == 1 {
+            &mut one
+        } else {
+            many.resize_with(msgs.len().min(PUT_BATCH), || None);
+            &mut many
+        };
+        let (mut n, mut bytes) = (0, 0);
+        {
+            let _g = g;
+            // Checked once per batch: a close racing the batch lets it through whole (readers
+            // drain it), as if it had come just before; never half a batch left reserved.
+            if h.closed.load(Ordering::SeqCst) != 0 {
+                return Err(CoreError::Closed);
+            }
+            for (slot, (seq, kind, parts)) in batch.iter_mut().zip(msgs) {
+                match self.try_reserve(h, me, *seq, *kind, parts.len() as u32, body_len(parts)) {
+                    Some(r) => *slot = Some(r),
+                    None => break,
+                }
+                n += 1;
+                bytes += parts.iter().map(|p| p.len() as u64).sum::<u64>();
+            }
+            locked_add(&h.total_puts.0, n as u64);
+            locked_add(&h.total_bytes, bytes);
+        }
+        let mut first_err = None;
+        for (r, m) in batch.iter_mut().zip(msgs).take(n) {
+            let r = r.take().expect("reserved above");
+            if let Err(e) = self.fill_and_commit(r, m.2) {
+                first_err.get_or_insert(e);
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(n),
+        }
+    }
+}

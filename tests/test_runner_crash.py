@@ -1,0 +1,90 @@
+"""Runners under producer deaths at random instants (issue 11): a producer SIGKILLed, or
+SIGSTOPped and then killed, in the middle of a call with many tiny items must always end in
+WorkerDiedError, never a hang, however often it is tried."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.timeout(600)
+
+HERE = os.path.dirname(__file__)
+
+SCRIPT = """
+import json, os, random, signal, sys, threading, time
+sys.path.insert(0, {here!r})
+from easycore.common.parallel import OrderedRunner, UnorderedRunner
+from easycore.errors import WorkerDiedError
+
+
+class Square(UnorderedRunner):
+    @staticmethod
+    def producer_work(device, cfg, x):
+        return x * x
+
+
+class OrderedSquare(OrderedRunner):
+    producer_work = Square.producer_work
+
+
+def main(trials, seed):
+    rnd = random.Random(seed)
+    outcomes, latencies = [], []
+    for trial in range(trials):
+        cls = rnd.choice([Square, OrderedSquare])
+        runner = cls(2)
+        victim = rnd.choice([p.pid for p in runner._workers.procs])
+        stop_first = rnd.random() < 0.4
+        killed_at = []
+
+        def act():
+            if stop_first:
+                os.kill(victim, signal.SIGSTOP)
+                time.sleep(rnd.uniform(0.05, 0.3))  # others block on it meanwhile
+            killed_at.append(time.monotonic())
+            os.kill(victim, signal.SIGKILL)
+
+        timer = threading.Timer(rnd.uniform(0.005, 0.15), act)
+        timer.start()
+        try:
+            if rnd.random() < 0.5:
+                runner(range(10**8))
+            else:
+                for _ in runner.imap(range(10**8)):
+                    pass
+            outcomes.append("finished")
+        except WorkerDiedError:
+            outcomes.append("died")
+            latencies.append(time.monotonic() - killed_at[0])
+        except BaseException as e:
+            outcomes.append(f"{{type(e).__name__}}: {{e}}")
+        timer.join()
+        runner.close()
+    print(json.dumps({{"outcomes": outcomes, "latencies": latencies}}))
+
+
+main(int(sys.argv[1]), int(sys.argv[2]))
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_a_producer_killed_or_stopped_at_random_always_ends_in_worker_died(seed):
+    trials = 15
+    # A hang anywhere becomes a timeout here: each trial takes well under a second.
+    r = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(SCRIPT.format(here=HERE)), str(trials), str(seed)],
+        capture_output=True,
+        text=True,
+        timeout=trials * 20,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["outcomes"] == ["died"] * trials, report["outcomes"]
+    # For the record (not a timed assertion): kill-to-error latencies.
+    print("latencies (s):", [round(x, 3) for x in report["latencies"]])
