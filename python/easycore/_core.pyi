@@ -20,7 +20,9 @@ __all__ = [
     "FileLock",
     "sweep_stale_segments",
     "shm_space",
-    "pid_alive",
+    "owner_alive",
+    "identity",
+    "exit_when_dead",
     "SHM_PREFIX",
 ]
 
