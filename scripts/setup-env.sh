@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing), installs requirements-dev.txt and builds easycore's Rust
-# extension into it (release build, editable install). Sourced by main.sh and test.sh.
+# extension into it (release build, editable install). Sourced by main.sh, test.sh and
+# wheels.sh (which sets EASYCORE_DEVELOP=0: it builds wheels, not the editable install).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -22,5 +23,7 @@ if ! command -v cargo >/dev/null 2>&1; then
     echo "cargo (Rust) is required to build easycore: https://rustup.rs" >&2
     exit 1
 fi
-echo "== building easycore (Rust extension, release)"
-maturin develop --release -q
+if [ "${EASYCORE_DEVELOP:-1}" != 0 ]; then
+    echo "== building easycore (Rust extension, release)"
+    maturin develop --release -q
+fi

@@ -227,6 +227,64 @@ def test_list(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     for name in list(workloads.WORKLOADS) + list(systems.SYSTEMS):
         assert name in text
+    described = [line.split(None, 2)[2] for line in text.splitlines() if line.startswith("system")]
+    assert len(described) == len(systems.SYSTEMS)
+    assert len(set(described)) == len(described), described  # one description per system
+    assert not any("``" in d or ":mod:" in d for d in described)
+
+
+@pytest.mark.parametrize(
+    ("runner", "data", "message"),
+    [
+        ("nope_no_such_module:X", "nope:Y", "--runner nope_no_such_module:X: cannot import"),
+        (f"{__name__}:NoSuchRunner", "nope:Y", f"{__name__} has no attribute 'NoSuchRunner'"),
+        (f"{__name__}:SquareRunner", f"{__name__}:no_data", "--data"),
+        ("no_colon", "nope:Y", "expects package.module:name"),
+    ],
+)
+def test_bad_runner_or_data_is_one_line(runner: str, data: str, message: str) -> None:
+    cmd = [sys.executable, "-m", "easycore.bench", "--runner", runner, "--data", data]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, cwd=Path(__file__).parent
+    )
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert "Traceback" not in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert message in proc.stderr
+
+
+def test_bench_without_numpy_names_the_extra() -> None:
+    code = (
+        "import sys; sys.modules['numpy'] = None; import runpy; "
+        "runpy.run_module('easycore.bench', run_name='__main__')"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, "--list"], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    assert "pip install 'easycore[bench]'" in proc.stderr
+
+
+def test_persistent_dataloader_is_reused_across_calls() -> None:
+    pytest.importorskip("torch")
+    system = systems.SYSTEMS["dataloader"]
+    w = workloads.WORKLOADS["tiny_ordered"]
+    job = systems.Job(hooks=w.hooks, ordered=True, devices=["cpu", "cpu"], make_data=w.make_data)
+    with system.session(job) as call:
+        for n in (30, 7, 30):  # a new epoch, with new inputs, on the same workers
+            assert w.check(call(w.make_data(n)), n) is None
+        loader_workers = {p.pid for p in multiprocessing_children()}
+        assert w.check(call(w.make_data(12)), 12) is None
+        assert {p.pid for p in multiprocessing_children()} == loader_workers
+        assert len(loader_workers) == 2
+
+
+def multiprocessing_children() -> list[Any]:
+    import multiprocessing
+
+    return [p for p in multiprocessing.active_children() if p.is_alive()]
 
 
 def test_ctrl_c_stops_cleanly(tmp_path: Path) -> None:

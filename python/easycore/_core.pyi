@@ -1,12 +1,36 @@
-"""Type stubs for the Rust extension module ``easycore._core``."""
+"""Type stubs for the Rust extension module ``easycore._core``.
 
-from collections.abc import Buffer, Iterable, Sequence
+Checked against the built module by ``python -m mypy.stubtest easycore._core`` (run by
+``scripts/test.sh``). PyO3 classes take their arguments in ``__new__`` and cannot be
+subclassed (``@final``). ``Buffer`` comes from ``typing_extensions`` because
+``collections.abc.Buffer`` is new in Python 3.12; type checkers ship its stub, so nothing is
+imported at run time.
+"""
+
+from collections.abc import Iterable, Sequence
 from os import PathLike
+from typing import Self, final
+
+from typing_extensions import Buffer
+
+__all__ = [
+    "Queue",
+    "ShmBuffer",
+    "ReorderBuffer",
+    "FileLock",
+    "sweep_stale_segments",
+    "shm_space",
+    "owner_alive",
+    "identity",
+    "exit_when_dead",
+    "SHM_PREFIX",
+]
 
 SHM_PREFIX: str
 
 _Parts = Buffer | Sequence[Buffer]
 
+@final
 class Queue:
     """A bounded multi-process message queue in shared memory.
 
@@ -22,16 +46,16 @@ class Queue:
     queue in the receiving process.
     """
 
-    def __init__(
-        self,
-        capacity_bytes: int = ...,
+    def __new__(
+        cls,
+        capacity_bytes: int = ...,  # 64 MiB
         max_messages: int = 65536,
         max_inline: int | None = None,
         side_budget: int | None = None,
         spin_us: int = 20,
         pool_bytes: int | None = None,
         pool_min: int | None = None,
-    ) -> None: ...
+    ) -> Self: ...
     @staticmethod
     def attach(name: str, spin_us: int = 20) -> Queue: ...
     @property
@@ -73,16 +97,20 @@ class Queue:
         self, max_messages: int = 64, block: bool = True, timeout: float | None = None
     ) -> list[tuple[int, int, list[Buffer]]]: ...
 
+@final
 class ShmBuffer:
     """A writable zero-copy view of shared memory; the mapping lives while any view does."""
 
     def __len__(self) -> int: ...
+    # The buffer protocol (PyO3's ``__getbuffer__``): Python 3.12+ shows it as
+    # ``__buffer__``; 3.11 has only the C slot, hence the stubtest allowlist entry.
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
+@final
 class ReorderBuffer:
     """Hands out items in sequence order, holding at most ``window`` early arrivals."""
 
-    def __init__(self, window: int, start: int = 0) -> None: ...
+    def __new__(cls, window: int, start: int = 0) -> Self: ...
     @property
     def window(self) -> int: ...
     @property
@@ -94,10 +122,11 @@ class ReorderBuffer:
     def skip(self) -> object | None: ...
     def reset(self, start: int = 0) -> None: ...
 
+@final
 class FileLock:
     """An exclusive inter-process file lock (flock), released if its holder dies."""
 
-    def __init__(self, path: str | PathLike[str], timeout: float | None = None) -> None: ...
+    def __new__(cls, path: str | PathLike[str], timeout: float | None = None) -> Self: ...
     @property
     def path(self) -> str: ...
     @property

@@ -16,15 +16,23 @@ import argparse
 import importlib
 import itertools
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from easycore.bench import report
-from easycore.bench.report import Row
-from easycore.bench.systems import SYSTEMS, CellSpec, Job, System, run_cell
-from easycore.bench.workloads import WORKLOADS, Workload, torch_available
+try:
+    from easycore.bench import report
+    from easycore.bench.report import Row
+    from easycore.bench.systems import SYSTEMS, CellSpec, Job, System, run_cell
+    from easycore.bench.workloads import WORKLOADS, Workload, torch_available
+except ModuleNotFoundError as e:  # the workloads' arrays need numpy: an extra
+    if e.name != "numpy":
+        raise
+    raise SystemExit(
+        "easycore-bench needs numpy, which is not installed: pip install 'easycore[bench]'"
+    ) from None
 
 DEFAULT_USER_SYSTEMS = ("easycore", "reference")
 
@@ -61,16 +69,34 @@ class Progress:
             sys.stderr.flush()
 
 
-def resolve(path: str) -> Any:
-    """``"package.module:attr"`` -> the object (the current directory is importable)."""
+def resolve(path: str, option: str = "--runner") -> Any:
+    """``"package.module:attr"`` -> the object (the current directory is importable).
+
+    Raises:
+        SystemExit: with a one-line message naming ``option`` when the module cannot be
+            imported or has no such attribute (errors raised by the module's own code while
+            it is imported, other than ImportError, propagate with their traceback).
+    """
     mod, sep, attr = path.partition(":")
     if not sep or not mod or not attr:
-        raise SystemExit(f"expected package.module:name, got {path!r}")
+        raise SystemExit(f"easycore-bench: {option} expects package.module:name, got {path!r}")
     if os.getcwd() not in sys.path and "" not in sys.path:
         sys.path.insert(0, os.getcwd())
-    obj: Any = importlib.import_module(mod)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
+    try:
+        obj: Any = importlib.import_module(mod)
+    except ImportError as e:
+        raise SystemExit(
+            f"easycore-bench: {option} {path}: cannot import module {mod!r} ({e}); "
+            "it is looked up on sys.path and in the current directory"
+        ) from None
+    for i, part in enumerate(attr.split(".")):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            where = ".".join([mod, *attr.split(".")[:i]])
+            raise SystemExit(
+                f"easycore-bench: {option} {path}: {where} has no attribute {part!r}"
+            ) from None
     return obj
 
 
@@ -169,12 +195,13 @@ def plan(
         cls = resolve(args.runner)
         if not isinstance(cls, type):
             raise SystemExit(f"--runner {args.runner} is not a class")
-        workloads = [user_workload(cls, resolve(args.data))]
+        workloads = [user_workload(cls, resolve(args.data, "--data"))]
         systems = _pick(args.systems, SYSTEMS, DEFAULT_USER_SYSTEMS, "systems")
         return workloads, systems, devices, cls
     names = _pick(args.workloads, WORKLOADS, WORKLOADS, "workloads")
     workloads = [WORKLOADS[n] for n in names]
-    systems = _pick(args.systems, SYSTEMS, SYSTEMS, "systems")
+    default = [k for k, s in SYSTEMS.items() if s.in_default_run]
+    systems = _pick(args.systems, SYSTEMS, default, "systems")
     return workloads, systems, devices, None
 
 
@@ -323,6 +350,16 @@ def workload_info(workloads: list[Workload], rows: list[Row]) -> dict[str, dict[
     return info
 
 
+def describe(system: System) -> str:
+    """A system's one-line description for ``--list``: its ``description``, else the first
+    line of its class docstring without reST markup."""
+    if system.description:
+        return system.description
+    doc = (type(system).__doc__ or "").strip().splitlines()
+    line = doc[0] if doc else ""
+    return re.sub(r":\w+:`([^`]*)`", r"\1", line).replace("``", "")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m easycore.bench`` and ``easycore-bench``.
 
@@ -335,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         for w in WORKLOADS.values():
             print(f"workload {w.name:<16} {w.unit:<10} {w.title}")
         for key, s in SYSTEMS.items():
-            print(f"system   {key:<16} {type(s).__doc__.splitlines()[0] if s.__doc__ else ''}")
+            note = "" if s.in_default_run else " (only when named in --systems)"
+            print(f"system   {key:<20} {describe(s)}{note}")
         return 0
     t0 = time.perf_counter()
     try:

@@ -75,6 +75,10 @@ class System:
 
     key: str = ""
     title: str = ""
+    description: str = ""
+    """One line for ``--list`` (default: the first line of the class's docstring)."""
+    in_default_run: bool = True
+    """Whether a run without ``--systems`` includes it."""
 
     def label(self, job: Job) -> str:
         """The table's name for this system on this job."""
@@ -310,6 +314,11 @@ class PoolSystem(System):
     def __init__(self, tuned: bool) -> None:
         self.tuned = tuned
         self.key = "pool_imap_tuned" if tuned else "pool_imap"
+        self.description = (
+            "multiprocessing.Pool.imap / imap_unordered, chunk size n // (4 * workers)"
+            if tuned
+            else "multiprocessing.Pool.imap / imap_unordered, chunksize 1"
+        )
 
     def _chunksize(self, job: Job) -> int:
         return job.chunksize if self.tuned else 1
@@ -369,40 +378,66 @@ def _dl_worker_init(worker_id: int) -> None:
     """DataLoader ``worker_init_fn``: the worker's device and ``producer_init``."""
     import torch.utils.data
 
-    ds = torch.utils.data.get_worker_info().dataset
+    info = torch.utils.data.get_worker_info()
+    assert info is not None, "worker_init_fn runs in a DataLoader worker"
+    ds: _HookDataset = info.dataset  # type: ignore[assignment]
     ds.device = ds.devices[worker_id % len(ds.devices)]
     ds.cfg = reference.make_cfg()
     ds.hooks.producer_init(ds.device, ds.cfg)
 
 
 class _HookDataset:
-    """A map-style dataset whose items are ``producer_work`` of the job's inputs."""
+    """A map-style dataset whose items are ``producer_work`` of the job's inputs.
 
-    def __init__(self, hooks: type, items: list[Any], devices: list[str]) -> None:
-        self.hooks = hooks
+    ``key`` is an index into ``items`` or, when ``items`` is None, the input itself (what
+    the persistent loader's sampler hands out).
+    """
+
+    def __init__(self, hooks: type, items: list[Any] | None, devices: list[str]) -> None:
+        self.hooks: Any = hooks
         self.items = items
         self.devices = devices
         self.device = devices[0]
         self.cfg: Any = None
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.items) if self.items is not None else 0
 
-    def __getitem__(self, i: int) -> Any:
-        return self.hooks.producer_work(self.device, self.cfg, self.items[i])
+    def __getitem__(self, key: Any) -> Any:
+        data = self.items[key] if self.items is not None else key
+        return self.hooks.producer_work(self.device, self.cfg, data)
+
+
+class _CallInputs:
+    """The persistent loader's sampler: each epoch (``iter(loader)``) hands the current
+    call's inputs to the workers, as easycore's runners hand theirs to the producers."""
+
+    def __init__(self) -> None:
+        self.data: Iterable[Any] = ()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.data)
 
 
 class DataLoaderSystem(System):
-    """``torch.utils.data.DataLoader(dataset, num_workers=len(devices), batch_size=None)``.
+    """``torch.utils.data.DataLoader(..., persistent_workers=True)``, created once and
+    reused by every call (one call = one epoch), as a user running many epochs has it.
 
-    A new loader per call over the materialised inputs (its default, non-persistent
-    workers: worker start-up and ``producer_init`` are inside every call). Always ordered.
+    The loader is made once per session: its workers start (and run ``producer_init``) in
+    the untimed warm-up call and then stay up. Each call's inputs reach the workers through
+    the sampler (an input is the dataset's key) and ``producer_work`` runs in
+    ``__getitem__``. Always ordered; numpy results arrive as tensors (shared memory) and are
+    viewed back as arrays.
     """
 
     key = "dataloader"
+    description = "torch DataLoader, persistent workers: created once, one epoch per call"
 
     def label(self, job: Job) -> str:
-        return f"torch DataLoader(num_workers={len(job.devices)}, batch_size=None)"
+        return (
+            f"torch DataLoader(num_workers={len(job.devices)}, batch_size=None, "
+            "persistent_workers=True)"
+        )
 
     def unavailable(self, job: Job) -> str | None:
         return None if torch_available() else "torch is not installed"
@@ -411,9 +446,51 @@ class DataLoaderSystem(System):
     def session(self, job: Job) -> Iterator[Call]:
         import torch.utils.data
 
+        inputs = _CallInputs()
+        loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(
+            _HookDataset(job.hooks, None, list(job.devices)),  # type: ignore[arg-type]
+            batch_size=None,
+            sampler=inputs,
+            num_workers=len(job.devices),
+            worker_init_fn=_dl_worker_init,
+            persistent_workers=True,
+        )
+
+        def call(data: Iterable[Any]) -> Any:
+            inputs.data = data
+            try:
+                return run_consumer(job.hooks, loader)
+            finally:
+                inputs.data = ()
+
+        try:
+            yield call
+        finally:
+            workers = getattr(loader, "_iterator", None)
+            if workers is not None:
+                workers._shutdown_workers()
+
+
+class DataLoaderPerCallSystem(DataLoaderSystem):
+    """``torch.utils.data.DataLoader(dataset, num_workers=len(devices), batch_size=None)``,
+    a new loader per call over the materialised inputs, with its default non-persistent
+    workers: worker start-up and ``producer_init`` are inside every call. Always ordered.
+    """
+
+    key = "dataloader_per_call"
+    description = "torch DataLoader, default workers: a new loader (and workers) per call"
+    in_default_run = False  # for information; it adds minutes to a full run
+
+    def label(self, job: Job) -> str:
+        return f"torch DataLoader(num_workers={len(job.devices)}, batch_size=None), per call"
+
+    @contextlib.contextmanager
+    def session(self, job: Job) -> Iterator[Call]:
+        import torch.utils.data
+
         def call(data: Iterable[Any]) -> Any:
             ds = _HookDataset(job.hooks, list(data), list(job.devices))
-            loader = torch.utils.data.DataLoader(
+            loader: torch.utils.data.DataLoader[Any] = torch.utils.data.DataLoader(
                 ds,  # type: ignore[arg-type]
                 batch_size=None,
                 num_workers=len(job.devices),
@@ -441,6 +518,7 @@ for _s in (
     PoolSystem(tuned=True),
     ProcessPoolSystem(),
     DataLoaderSystem(),
+    DataLoaderPerCallSystem(),
 ):
     register_system(_s)
 register_system(EasycoreImapSystem())

@@ -5,9 +5,14 @@ from __future__ import annotations
 import difflib
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar, overload
 
 from easycore.errors import EasycoreError, InvalidArgument
+
+_T = TypeVar("_T")
+# What ``@registry.register`` without parentheses receives: a class or a function (a str is
+# not callable, so this form never overlaps ``register("name")``).
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 class RegistryKeyError(EasycoreError, KeyError):
@@ -75,8 +80,29 @@ class Registry:
         """str: name of this registry."""
         return self._name
 
+    # One overload per documented form, so that type checkers know what each returns: the
+    # decorators return the decorated class or function with its own type, the direct calls
+    # return None.
+    @overload
+    def register(self, name: _F, /) -> _F: ...  # @registry.register (no parentheses)
+
+    @overload
     def register(
-        self, name: str | None = None, obj: Any = None, *, override: bool = False
+        self, name: str | None = None, obj: None = None, *, override: bool = False
+    ) -> Callable[[_T], _T]: ...  # @registry.register() / @registry.register("name")
+
+    @overload
+    def register(
+        self, name: str | None, obj: object, *, override: bool = False
+    ) -> None: ...  # registry.register("name", obj)
+
+    @overload
+    def register(
+        self, name: str | None = None, *, obj: object, override: bool = False
+    ) -> None: ...  # registry.register(obj=obj)
+
+    def register(
+        self, name: Any = None, obj: Any = None, *, override: bool = False
     ) -> Callable[[Any], Any] | Any | None:
         """Register the given object with given name. If the object is not given, it will act
         as a decorator.
