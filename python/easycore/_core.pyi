@@ -23,6 +23,7 @@ __all__ = [
     "owner_alive",
     "identity",
     "exit_when_dead",
+    "retire_identity",
     "SHM_PREFIX",
 ]
 

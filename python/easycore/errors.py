@@ -8,6 +8,7 @@ working.
 from __future__ import annotations
 
 import queue
+from typing import Any, cast
 
 
 class EasycoreError(Exception):
@@ -118,30 +119,35 @@ class WorkerError(EasycoreError):
         )
 
 
-_AS_TYPE: dict[type, type | None] = {}
+_AS_TYPE: dict[type, type[WorkerError] | None] = {}
 
 
 def _rebuild_worker_error(
-    original: type, message: str, fields: tuple, state: dict | None
+    original: type,
+    message: str,
+    fields: tuple[str, str | None, int | None, str],
+    state: dict[str, Any] | None,
 ) -> WorkerError:
     """Unpickles a :func:`worker_error_as` instance (its class is made again on the fly)."""
-    return worker_error_as(original, message, *fields, state=state)
+    hook, device, item, remote_traceback = fields
+    return worker_error_as(original, message, hook, device, item, remote_traceback, state=state)
 
 
 def _typed_str(self: BaseException) -> str:
     return str(self.args[0]) if self.args else ""
 
 
-def _typed_reduce(self: WorkerError) -> tuple:
+def _typed_reduce(self: WorkerError) -> tuple[Any, ...]:
     fields = (self.hook, self.device, self.item, self.remote_traceback)
     state = {k: v for k, v in vars(self).items() if k not in _WORKER_FIELDS}
-    return (_rebuild_worker_error, (self.original_type, _typed_str(self), fields, state))
+    original = getattr(self, "original_type", None)
+    return (_rebuild_worker_error, (original, _typed_str(self), fields, state))
 
 
 _WORKER_FIELDS = ("hook", "device", "item", "remote_traceback", "original_type")
 
 
-def worker_error_class(original: type) -> type | None:
+def worker_error_class(original: type) -> type[WorkerError] | None:
     """The class ``WorkerError[original]``: a :class:`WorkerError` that is also an instance
     of ``original``, so ``except ValueError`` catches a ``ValueError`` raised in a hook.
 
@@ -150,14 +156,14 @@ def worker_error_class(original: type) -> type | None:
     """
     if original in _AS_TYPE:
         return _AS_TYPE[original]
-    cls: type | None = None
+    cls: type[WorkerError] | None = None
     if (
         isinstance(original, type)
         and issubclass(original, Exception)
         and not issubclass(original, WorkerError)
     ):
         try:
-            cls = type(
+            made = type(
                 f"WorkerError[{original.__qualname__}]",
                 (WorkerError, original),
                 {
@@ -167,6 +173,7 @@ def worker_error_class(original: type) -> type | None:
                     "__doc__": f"A WorkerError that is also a {original.__qualname__}.",
                 },
             )
+            cls = cast("type[WorkerError]", made)
             # Instances are made without the user's __init__ (its arguments are unknown).
             cls.__new__(cls)
         except Exception:  # noqa: BLE001 - any refusal means: no typed class
@@ -182,7 +189,7 @@ def worker_error_as(
     device: str | None = None,
     item: int | None = None,
     remote_traceback: str = "",
-    state: dict | None = None,
+    state: dict[str, Any] | None = None,
 ) -> WorkerError:
     """A :class:`WorkerError` with ``message`` that is also an instance of ``original`` where
     possible (see :func:`worker_error_class`), else a plain :class:`WorkerError`.
@@ -193,7 +200,7 @@ def worker_error_as(
     cls = worker_error_class(original) if original is not None else None
     if cls is None:
         return WorkerError(message, hook, device, item, remote_traceback)
-    exc = cls.__new__(cls)
+    exc: WorkerError = cls.__new__(cls)
     exc.args = (message,)
     for k, v in (state or {}).items():
         try:
@@ -204,7 +211,7 @@ def worker_error_as(
     exc.device = device
     exc.item = item
     exc.remote_traceback = remote_traceback
-    exc.original_type = original
+    exc.original_type = original  # type: ignore[attr-defined]
     return exc
 
 

@@ -73,7 +73,7 @@ class SquareSumHooks(BaseHooks):
         return (cfg.count, cfg.total)
 
 
-_FEEDBACK: queue.SimpleQueue = queue.SimpleQueue()
+_FEEDBACK: queue.SimpleQueue[Any] = queue.SimpleQueue()
 """Results reached ``consumer_work`` (latency workload): the input waits on it."""
 FEEDBACK_TIMEOUT_S = 5.0
 

@@ -134,7 +134,7 @@ class _SeedOnImport:
             return None
         loader = spec.loader
         real_exec = getattr(loader, "exec_module", None)
-        if real_exec is None:
+        if loader is None or real_exec is None:
             return None
         seed, done = self.seed, self.done
 
