@@ -282,7 +282,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Workload], dict[str, 
             if w.needs_torch and not torch_available():
                 w_rows.append(_row(w, key, label, "skipped", detail="torch is not installed"))
                 continue
-            why = system.unavailable(job)
+            why = system.cannot_run(job)
             if why is not None:
                 w_rows.append(_row(w, key, label, "unavailable", detail=why))
                 continue

@@ -88,6 +88,17 @@ class System:
         """Why this system cannot run this job (e.g. a missing package), or None."""
         return None
 
+    def reads_ahead(self, job: Job) -> bool:
+        """Whether the system reads items before earlier results are out (chunks, prefetch):
+        then a feedback input (item i+1 released by result i) deadlocks it by design."""
+        return False
+
+    def cannot_run(self, job: Job) -> str | None:
+        """:meth:`unavailable`, or why a feedback workload cannot run on this system."""
+        if getattr(job.hooks, "one_in_flight", False) and self.reads_ahead(job):
+            return "reads its input ahead: a feedback loop (item i+1 after result i) deadlocks it"
+        return self.unavailable(job)
+
     def session(self, job: Job) -> contextlib.AbstractContextManager[Call]:
         """Starts the system; yields ``call(data) -> consumer_end's value``; shuts down."""
         raise NotImplementedError
@@ -323,6 +334,9 @@ class PoolSystem(System):
     def _chunksize(self, job: Job) -> int:
         return job.chunksize if self.tuned else 1
 
+    def reads_ahead(self, job: Job) -> bool:
+        return self._chunksize(job) > 1
+
     def label(self, job: Job) -> str:
         fn = "imap" if job.ordered else "imap_unordered"
         tuned = ", tuned" if self.tuned else ""
@@ -354,6 +368,9 @@ class ProcessPoolSystem(System):
 
     key = "ppe"
     title = "concurrent.futures.ProcessPoolExecutor.map"
+
+    def reads_ahead(self, job: Job) -> bool:
+        return True  # Executor.map submits every item before it yields a result
 
     @contextlib.contextmanager
     def session(self, job: Job) -> Iterator[Call]:
@@ -432,6 +449,9 @@ class DataLoaderSystem(System):
 
     key = "dataloader"
     description = "torch DataLoader, persistent workers: created once, one epoch per call"
+
+    def reads_ahead(self, job: Job) -> bool:
+        return True  # workers prefetch (prefetch_factor items each)
 
     def label(self, job: Job) -> str:
         return (
