@@ -72,3 +72,24 @@ def make_ctx(tag):
 
 def fail_init():
     raise CustomError("initializer failed", code=7)
+
+
+def queue_writer(q, w, n):
+    """Puts ``(w, i, array)`` for i < n, some with numpy payloads, half through put_many."""
+    import numpy as np
+
+    items = [(w, i, np.full(1 + (i % 5) * 50_000, i, dtype=np.int64)) for i in range(n)]
+    half = n // 2
+    for it in items[:half]:
+        q.put(it)
+    q.put_many(items[half:])
+
+
+def queue_reader(q, out, n):
+    """Gets until ``n`` objects arrived (get and get_many), then reports what it saw to ``out``."""
+    seen = []
+    while len(seen) < n:
+        for w, i, arr in q.get_many(16, timeout=60):
+            assert int(arr[0]) == i and int(arr[-1]) == i
+            seen.append((w, i))
+    out.put(seen)

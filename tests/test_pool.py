@@ -263,6 +263,9 @@ def test_executor_shutdown_cancel_futures(tmp_path):
     gate = str(tmp_path / "gate")
     ex = PoolExecutor(1)
     first = ex.submit(pd.wait_for, gate, 1)
+    end = time.monotonic() + 30
+    while not first.running() and time.monotonic() < end:  # sent to the worker
+        time.sleep(0.01)
     later = [ex.submit(pd.square, i) for i in range(20)]
     t = threading.Timer(0.3, lambda: open(gate, "w").close())
     t.start()
@@ -404,3 +407,14 @@ def test_pool_left_open_at_exit_is_stopped():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "[0, 1, 4, 9, 16]" in out.stdout
+
+
+def test_torch_pool_moves_tensors():
+    torch = pytest.importorskip("torch")
+    from easycore.torch.parallel import Pool as TorchPool
+
+    with TorchPool(2, start_method="fork") as p:
+        out = p.map(lambda t: t * 2, [torch.full((1000,), float(i)) for i in range(8)])
+        f = p.submit(lambda: torch.arange(5))
+        assert torch.equal(f.result(timeout=60), torch.arange(5))
+    assert [float(t[0]) for t in out] == [2.0 * i for i in range(8)]

@@ -14,12 +14,14 @@ For users of ``multiprocessing.Pool``, ``concurrent.futures``, mpire or machin (
 """
 
 from easycore.common.parallel.worker import WorkerInfo, worker_info
+from easycore.parallel.objqueue import Queue
 from easycore.parallel.pool import AsyncResult, Pool, PoolExecutor, context
 
 __all__ = [
     "AsyncResult",
     "Pool",
     "PoolExecutor",
+    "Queue",
     "WorkerInfo",
     "context",
     "worker_info",

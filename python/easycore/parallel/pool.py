@@ -57,6 +57,8 @@ from easycore.errors import (
 
 _TICK = 0.1  # seconds between checks while a thread waits
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of an item
+_TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
+_SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 
 # ----- functions across processes -----
 
@@ -188,19 +190,28 @@ def _run_initializer(device: str, cfg: Any) -> None:
 
 
 def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
-    """Calls one item's function; its exception is returned, not raised (the stream goes on)."""
+    """Runs one item: a chunk of a map job (``arg`` is a list of arguments) or a submitted
+    task. Returns ``(job, index, ok, value)``: for a chunk ``value`` is ``(results, seconds)``;
+    an exception is returned as a report (``ok`` False), not raised, so the stream goes on."""
     job, index, fn, arg, mode = item
+    out: list = []
     try:
+        if mode == _TASK:
+            f, args, kwargs = pickle.loads(arg)
+            return job, index, True, f(*args, **kwargs)
+        t0 = time.perf_counter()
+        append = out.append
         if mode == _ONE:
-            return job, index, True, fn(arg)
-        if mode == _STAR:
-            return job, index, True, fn(*arg)
-        f, args, kwargs = pickle.loads(arg)
-        return job, index, True, f(*args, **kwargs)
+            for x in arg:
+                append(fn(x))
+        else:
+            for x in arg:
+                append(fn(*x))
+        return job, index, True, (out, time.perf_counter() - t0)
     except _worker._Interrupted:
         raise
     except BaseException as e:  # noqa: BLE001 - sent to the caller, raised there
-        where = index if mode != _TASK else None
+        where = index + len(out) if mode != _TASK else None
         return job, index, False, error_report("task", device, where, e, "hook")
 
 
@@ -230,11 +241,22 @@ class _Job:
     """One ``map``/``imap`` call: its input, the results its caller has not taken yet."""
 
     def __init__(
-        self, jid: int, fn: Any, it: Iterator, mode: int, ordered: bool, window: int
+        self,
+        jid: int,
+        fn: Any,
+        iterable: Iterable,
+        mode: int,
+        ordered: bool,
+        window: int,
+        chunksize: int | None,
     ) -> None:
         self.jid = jid
         self.fn = fn
-        self.it = it
+        # A range/list/tuple is sliced in place; any other iterable is read item by item
+        # (in chunks only if asked: filling a chunk would hold back items while next() waits).
+        self.seq = iterable if type(iterable) in _SEQUENCES else None
+        self.it = None if self.seq is not None else iter(iterable)
+        self.chunksize = chunksize
         self.mode = mode
         self.ordered = ordered
         self.window = window
@@ -261,7 +283,7 @@ class _Job:
             elif self.ordered:
                 self.ready[index] = value  # type: ignore[index]
             else:
-                self.ready.append(value)  # type: ignore[union-attr]
+                self.ready.extend(value)  # type: ignore[union-attr]
             if self.waiting:
                 self.cv.notify()
 
@@ -299,20 +321,28 @@ class _Feed:
                 if isinstance(chosen, tuple):
                     return chosen  # a submitted task
                 self.current = job = chosen
+            index = job.pulled
+            size = min(job.chunksize or pool._auto_chunk(), job.window - (index - job.consumed))
             try:
-                x = next(job.it)
+                if job.seq is not None:
+                    items = job.seq[index : index + size]
+                elif size == 1:
+                    items = [next(job.it)]  # type: ignore[arg-type]
+                else:
+                    items = list(itertools.islice(job.it, size))  # type: ignore[arg-type]
             except StopIteration:
+                items = []
+            except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
+                job.fail(e)
+                continue
+            if len(items) < size:
                 job.input_done = True
                 job.wake()
                 pool._wake_feed()
-                continue
-            except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
-                job.input_done = True
-                job.fail(e)
-                continue
-            index = job.pulled
-            job.pulled = index + 1
-            return job.jid, index, job.fn, x, job.mode
+                if not items:
+                    continue
+            job.pulled = index + len(items)
+            return job.jid, index, job.fn, items, job.mode
 
     def _choose(self) -> Any:
         """A task item to send, or a job with room; waits for either. StopIteration at the end."""
@@ -434,11 +464,8 @@ class Pool:
         if isinstance(processes, int) and processes < 1:
             raise InvalidArgument(f"processes must be at least 1, got {processes}")
         initargs = tuple(initargs)
-        # The start method decides how the initializer travels: ask the runners' rule first.
-        from easycore.common.parallel.devices import choose_start_method, parse_devices
-
-        method = choose_start_method(start_method, parse_devices(processes))
-        init = None if initializer is None else portable(initializer, method)
+        # Unless fork is asked for, assume a spawned worker (by value costs nothing under fork).
+        init = None if initializer is None else portable(initializer, start_method or "spawn")
         self._cv = threading.Condition(threading.Lock())
         self._tasks: collections.deque = collections.deque()  # (future, task id, pickle)
         self._running: dict[int, Future] = {}  # sent tasks by id
@@ -463,6 +490,8 @@ class Pool:
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
         # is still cancellable (it is "running" once sent), yet every worker has a next one.
         self._task_window = max(4, 2 * len(self._runner.devices))
+        self._item_cost = 0.0  # worker seconds per map item, learned
+        self._max_chunk = max(1, self._window // (4 * len(self._runner.devices)))
         self._service = threading.Thread(target=self._serve, name="easycore-pool", daemon=True)
         self._service.start()
         _LIVE_POOLS.add(self)
@@ -543,6 +572,13 @@ class Pool:
                 pass  # failed meanwhile by terminate()
             return
         job = self._jobs.get(jid)
+        if ok:
+            results, seconds = value
+            if results:
+                cost = seconds / len(results)
+                prev = self._item_cost
+                self._item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
+            value = results
         if job is not None:
             job.deliver(index, ok, value)
 
@@ -565,6 +601,13 @@ class Pool:
                 pass  # cancelled or done
             except BaseException:  # noqa: BLE001 - a pending (cancelled) future
                 pass
+
+    def _auto_chunk(self) -> int:
+        """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done."""
+        cost = self._item_cost
+        if cost <= 0:
+            return 1
+        return max(1, min(int(_TARGET_CHUNK_S / cost), self._max_chunk))
 
     def _feed_capped(self) -> bool:
         return len(self._running) >= self._task_window
@@ -593,12 +636,16 @@ class Pool:
 
     # ----- map family -----
 
-    def _open_job(self, fn: Callable, iterable: Iterable, mode: int, ordered: bool) -> _Job:
+    def _open_job(
+        self, fn: Callable, iterable: Iterable, mode: int, ordered: bool, chunksize: int | None
+    ) -> _Job:
         self._check_open()
+        if chunksize is not None and not (isinstance(chunksize, int) and chunksize >= 1):
+            raise InvalidArgument(f"chunksize must be a positive int or None, got {chunksize!r}")
         f = portable(fn, self._runner.start_method)
         with self._cv:
             self._check_open()
-            job = _Job(next(self._ids), f, iter(iterable), mode, ordered, self._window)
+            job = _Job(next(self._ids), f, iterable, mode, ordered, self._window, chunksize)
             self._jobs[job.jid] = job
             self._cv.notify_all()
         return job
@@ -626,8 +673,9 @@ class Pool:
                             got = []
                             i = job.next_index
                             while i in ready:
-                                got.append(ready.pop(i))  # type: ignore[call-overload]
-                                i += 1
+                                chunk = ready.pop(i)  # type: ignore[call-overload]
+                                got.extend(chunk)
+                                i += len(chunk)
                             job.next_index = i
                         else:
                             got = list(ready)
@@ -673,15 +721,17 @@ class Pool:
         Args:
             func (Callable): any function, lambda or closure.
             iterable (Iterable): the arguments.
-            chunksize (int, optional): accepted for compatibility; batches adapt to the
-                measured cost per item (as the runners' do), so it is not needed.
+            chunksize (int, optional): items per task. By default a range, list or tuple is
+                cut in chunks of about 2 ms of work (learned from the chunks done), and any
+                other iterable goes item by item (the engine still batches the messages);
+                a chunksize makes the pool wait to fill each chunk from such an iterable.
             timeout (float, optional): seconds the whole iteration may take before
                 ``TimeoutError`` (the pool stays usable).
 
         Returns:
             Iterator: the results, in input order.
         """
-        return self._results(self._open_job(func, iterable, _ONE, True), timeout)
+        return self._results(self._open_job(func, iterable, _ONE, True, chunksize), timeout)
 
     def imap_unordered(
         self,
@@ -696,13 +746,13 @@ class Pool:
         Args:
             func (Callable): any function, lambda or closure.
             iterable (Iterable): the arguments.
-            chunksize (int, optional): accepted for compatibility (batches adapt).
+            chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
 
         Returns:
             Iterator: the results, in completion order.
         """
-        return self._results(self._open_job(func, iterable, _ONE, False), timeout)
+        return self._results(self._open_job(func, iterable, _ONE, False, chunksize), timeout)
 
     def istarmap(
         self,
@@ -718,14 +768,14 @@ class Pool:
         Args:
             func (Callable): any function, lambda or closure.
             iterable (Iterable[Iterable]): argument tuples.
-            chunksize (int, optional): accepted for compatibility (batches adapt).
+            chunksize (int, optional): as for :meth:`imap`.
             ordered (bool): in input order (default) or as results arrive.
             timeout (float, optional): as for :meth:`imap`.
 
         Returns:
             Iterator: the results.
         """
-        return self._results(self._open_job(func, iterable, _STAR, ordered), timeout)
+        return self._results(self._open_job(func, iterable, _STAR, ordered, chunksize), timeout)
 
     def map(
         self,
@@ -740,13 +790,13 @@ class Pool:
         Args:
             func (Callable): any function, lambda or closure.
             iterable (Iterable): the arguments (read lazily, as for :meth:`imap`).
-            chunksize (int, optional): accepted for compatibility (batches adapt).
+            chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
 
         Returns:
             list: the results, in input order.
         """
-        return list(self.imap(func, iterable, timeout=timeout))
+        return list(self.imap(func, iterable, chunksize, timeout=timeout))
 
     def starmap(
         self,
@@ -761,13 +811,13 @@ class Pool:
         Args:
             func (Callable): any function, lambda or closure.
             iterable (Iterable[Iterable]): argument tuples.
-            chunksize (int, optional): accepted for compatibility (batches adapt).
+            chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
 
         Returns:
             list: the results, in input order.
         """
-        return list(self.istarmap(func, iterable, timeout=timeout))
+        return list(self.istarmap(func, iterable, chunksize, timeout=timeout))
 
     # ----- single tasks -----
 
@@ -970,14 +1020,15 @@ class PoolExecutor(Executor):
             fn (Callable): any function, lambda or closure.
             *iterables: as for ``map()``.
             timeout (float, optional): seconds the whole iteration may take.
-            chunksize (int): accepted for compatibility (batches adapt).
+            chunksize (int): items per task (1: item by item; the engine still batches).
             buffersize (int, optional): accepted for compatibility.
 
         Returns:
             Iterator: the results.
         """
         try:
-            return self.pool.istarmap(fn, zip(*iterables, strict=False), timeout=timeout)
+            chunk = chunksize if chunksize > 1 else None
+            return self.pool.istarmap(fn, zip(*iterables, strict=False), chunk, timeout=timeout)
         except RunnerClosedError as e:
             raise RuntimeError("cannot schedule new futures after shutdown") from e
 
