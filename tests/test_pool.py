@@ -288,6 +288,12 @@ def test_close_join_terminate_semantics(tmp_path):
         p.submit(pd.square, 1)
     p.join(60)
     assert f.result(timeout=0) == 9  # work given before close() finished
+
+    p = Pool(1)
+    futs = [p.submit(pd.square, i) for i in range(50)]  # more than are sent ahead
+    p.close()
+    p.join(60)
+    assert [f.result(timeout=0) for f in futs] == [i * i for i in range(50)]
     p.terminate()  # harmless after join
 
     gate = str(tmp_path / "gate")
@@ -418,3 +424,16 @@ def test_torch_pool_moves_tensors():
         f = p.submit(lambda: torch.arange(5))
         assert torch.equal(f.result(timeout=60), torch.arange(5))
     assert [float(t[0]) for t in out] == [2.0 * i for i in range(8)]
+
+
+def test_unpicklable_result_or_argument_raises_and_the_pool_goes_on(pool):
+    from easycore.errors import SerializationError
+
+    with pytest.raises(SerializationError):
+        pool.map(lambda x: threading.Lock(), range(3))
+    with pytest.raises(SerializationError):
+        pool.submit(pd.square, threading.Lock())
+    with pytest.raises(SerializationError):
+        pool.map(pd.square, [threading.Lock()])
+    assert pool.map(pd.square, range(4)) == [0, 1, 4, 9]
+    assert pool.submit(pd.square, 3).result(timeout=60) == 9

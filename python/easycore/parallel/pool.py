@@ -335,13 +335,13 @@ class _Feed:
             except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
                 job.fail(e)
                 continue
+            job.pulled = index + len(items)  # before input_done: the caller checks both
             if len(items) < size:
                 job.input_done = True
                 job.wake()
                 pool._wake_feed()
                 if not items:
                     continue
-            job.pulled = index + len(items)
             return job.jid, index, job.fn, items, job.mode
 
     def _choose(self) -> Any:
@@ -365,8 +365,8 @@ class _Feed:
                     for job in order[start:] + order[:start]:
                         if job.has_room():
                             return job
-                if pool._closing and not jobs:
-                    raise StopIteration  # closed, and every call finished
+                if pool._closing and not jobs and not pool._tasks:
+                    raise StopIteration  # closed, and every call and task was sent
                 pool._feed_waiting = True
                 pool._cv.wait(_TICK)
                 pool._feed_waiting = False
