@@ -59,6 +59,10 @@ _TICK = 0.1  # seconds between checks while a thread waits
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of an item
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
+# Items a job may have ahead of its caller when its input is a range/list/tuple (already in
+# memory): large, so that cheap items travel in large chunks. Results are still bounded by
+# bytes (see Pool._bound_room), and any other input by ``window``.
+_SEQ_WINDOW = 16384
 
 # ----- functions across processes -----
 
@@ -249,6 +253,7 @@ class _Job:
         ordered: bool,
         window: int,
         chunksize: int | None,
+        room: list[int],
     ) -> None:
         self.jid = jid
         self.fn = fn
@@ -260,6 +265,7 @@ class _Job:
         self.mode = mode
         self.ordered = ordered
         self.window = window
+        self.room = room  # [items]: the pool's bound from the bytes per result (shared)
         self.cv = threading.Condition(threading.Lock())
         self.ready: dict[int, Any] | collections.deque = {} if ordered else collections.deque()
         self.next_index = 0  # ordered: the next index to hand out
@@ -271,7 +277,11 @@ class _Job:
         self.waiting = False
 
     def has_room(self) -> bool:
-        return not self.closed and not self.input_done and self.pulled - self.consumed < self.window
+        return (
+            not self.closed
+            and not self.input_done
+            and self.pulled - self.consumed < min(self.window, self.room[0])
+        )
 
     def deliver(self, index: int, ok: bool, value: Any) -> None:
         with self.cv:
@@ -322,7 +332,8 @@ class _Feed:
                     return chosen  # a submitted task
                 self.current = job = chosen
             index = job.pulled
-            size = min(job.chunksize or pool._auto_chunk(), job.window - (index - job.consumed))
+            ahead = min(job.window, job.room[0]) - (index - job.consumed)
+            size = max(1, min(job.chunksize or pool._auto_chunk(job), ahead))
             try:
                 if job.seq is not None:
                     items = job.seq[index : index + size]
@@ -440,7 +451,9 @@ class Pool:
         seed (int, optional): worker ``i`` seeds ``random``, numpy and torch with
             ``seed + i``; default a random base.
         window (int, optional): most items of one ``map``/``imap`` read ahead of what its
-            caller consumed; default as the runners' ``window``.
+            caller consumed; default as the runners' ``window`` for an input iterable, and
+            16384 for a range, list or tuple (already in memory; cheap items then travel in
+            large chunks). Results waiting for their caller are also bounded by bytes.
         queue_scale (float): scales the shared-memory queues (as for the runners).
         close_timeout (float): seconds ``close()``/``join()`` leave the workers to exit.
     """
@@ -487,11 +500,13 @@ class Pool:
             seed=seed,
         )
         self._window = self._runner._window
+        self._window_default = window is None
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
         # is still cancellable (it is "running" once sent), yet every worker has a next one.
         self._task_window = max(4, 2 * len(self._runner.devices))
         self._item_cost = 0.0  # worker seconds per map item, learned
-        self._max_chunk = max(1, self._window // (4 * len(self._runner.devices)))
+        self._room = [_SEQ_WINDOW]  # results a job may hold ahead of its caller (by bytes)
+        self._n_results = 0  # map results received by the current stream
         self._service = threading.Thread(target=self._serve, name="easycore-pool", daemon=True)
         self._service.start()
         _LIVE_POOLS.add(self)
@@ -539,6 +554,7 @@ class Pool:
                     runner.activate()  # after a failure: restart the workers for new work
                     call = engine._Call(runner, _Feed(self, generation), False, None, True)
                     self._call = call
+                    self._n_results = 0
                     route = self._route
                     for job, index, ok, value in call.iterate():
                         route(job, index, ok, value)
@@ -578,6 +594,7 @@ class Pool:
                 cost = seconds / len(results)
                 prev = self._item_cost
                 self._item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
+                self._bound_room(len(results))
             value = results
         if job is not None:
             job.deliver(index, ok, value)
@@ -602,12 +619,25 @@ class Pool:
             except BaseException:  # noqa: BLE001 - a pending (cancelled) future
                 pass
 
-    def _auto_chunk(self) -> int:
+    def _bound_room(self, n_results: int) -> None:
+        """Bounds each job's results ahead of its caller by bytes too (as the runners bound
+        items in flight): at most about twice the output queue's budget of results."""
+        call = self._call
+        if call is None:
+            return
+        self._n_results += n_results
+        per = call.stats.bytes_out / max(1, self._n_results)
+        if per > 0:
+            self._room[0] = max(1, min(_SEQ_WINDOW, int(call.max_inflight_bytes / per)))
+
+    def _auto_chunk(self, job: _Job) -> int:
         """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done."""
         cost = self._item_cost
         if cost <= 0:
             return 1
-        return max(1, min(int(_TARGET_CHUNK_S / cost), self._max_chunk))
+        # At most a quarter of the job's window per worker, so every worker gets chunks.
+        most = max(1, job.window // (4 * len(self._runner.devices)))
+        return max(1, min(int(_TARGET_CHUNK_S / cost), most))
 
     def _feed_capped(self) -> bool:
         return len(self._running) >= self._task_window
@@ -645,7 +675,10 @@ class Pool:
         f = portable(fn, self._runner.start_method)
         with self._cv:
             self._check_open()
-            job = _Job(next(self._ids), f, iterable, mode, ordered, self._window, chunksize)
+            window = self._window
+            if type(iterable) in _SEQUENCES and self._window_default:
+                window = max(window, _SEQ_WINDOW)
+            job = _Job(next(self._ids), f, iterable, mode, ordered, window, chunksize, self._room)
             self._jobs[job.jid] = job
             self._cv.notify_all()
         return job
@@ -692,10 +725,11 @@ class Pool:
                         job.waiting = True
                         job.cv.wait(wait)
                         job.waiting = False
-                    full = job.pulled - job.consumed >= job.window
+                    full = job.pulled - job.consumed >= min(job.window, job.room[0])
                     job.consumed += len(got)
-                if full:
-                    self._wake_feed()
+                if full:  # the feed may wait for this job's room: wake it (under the lock)
+                    with self._cv:
+                        self._cv.notify_all()
                 yield from got
         except KeyboardInterrupt:
             # Ctrl-C: stop everything, as the runners do (busy workers are interrupted).
