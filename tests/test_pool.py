@@ -152,7 +152,7 @@ def test_input_error_is_raised_in_the_caller(pool):
 @pytest.mark.parametrize("method", METHODS)
 def test_worker_killed_mid_map_raises_and_the_pool_restarts(method):
     with Pool(2, start_method=method) as p:
-        with pytest.raises(WorkerDiedError):
+        with pytest.raises(WorkerDiedError, match="restarts the workers"):
             p.starmap(pd.die_on, [(x, 50) for x in range(200)])
         # the next call restarts the workers
         assert p.map(pd.square, range(10)) == [x * x for x in range(10)]

@@ -53,6 +53,7 @@ from easycore.errors import (
     InvalidArgument,
     RunnerClosedError,
     SerializationError,
+    WorkerDiedError,
 )
 
 _TICK = 0.1  # seconds between checks while a thread waits
@@ -396,6 +397,19 @@ def _terminate_all_at_exit() -> None:
             pass
 
 
+def _for_pool(e: BaseException) -> BaseException:
+    """The runner's error reworded for pool users (the pool restarts its workers itself)."""
+    if isinstance(e, WorkerDiedError):
+        msg = str(e).replace(
+            "The runner was closed; call activate() to restart it",
+            "Every pending call and future of the pool failed; its next call restarts the workers",
+        )
+        new = WorkerDiedError(msg, pid=e.pid, device=e.device, exitcode=e.exitcode)
+        new.__cause__ = e.__cause__
+        return new
+    return e
+
+
 class AsyncResult:
     """What :meth:`Pool.apply_async` returns, as in ``multiprocessing.pool.AsyncResult``.
 
@@ -561,7 +575,7 @@ class Pool:
                     if self._closing:
                         return
                 except BaseException as e:  # noqa: BLE001 - every pending caller gets it
-                    self._fail_pending(e)
+                    self._fail_pending(_for_pool(e))
                     if self._terminated:
                         return
         finally:
