@@ -433,6 +433,12 @@ def test_unpicklable_result_or_argument_raises_and_the_pool_goes_on(pool):
         pool.map(lambda x: threading.Lock(), range(3))
     with pytest.raises(SerializationError):
         pool.submit(pd.square, threading.Lock())
+    # an unpicklable result of a task fails that future only
+    other = pool.submit(pd.square, 5)
+    bad = pool.submit(lambda: threading.Lock())
+    with pytest.raises(SerializationError, match="not picklable"):
+        bad.result(timeout=60)
+    assert other.result(timeout=60) == 25
     with pytest.raises(SerializationError):
         pool.map(pd.square, [threading.Lock()])
     assert pool.map(pd.square, range(4)) == [0, 1, 4, 9]

@@ -45,7 +45,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
 from typing import Any
 
-from easycore.common.parallel import engine
+from easycore.common.parallel import engine, wire
 from easycore.common.parallel import worker as _worker
 from easycore.common.parallel.worker import error_report
 from easycore.errors import (
@@ -145,6 +145,7 @@ def portable(fn: Callable, start_method: str = "spawn") -> Any:
 # ----- in the producers -----
 
 _CONTEXT: Any = None
+_CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
 _IN_WORKER = False
 _INIT: tuple[Any, tuple] | None = None
 
@@ -171,7 +172,8 @@ class _Setup:
     """Run first in each producer: the flavour's own setup (CUDA device, threads), then keeps
     the initializer for ``producer_init``, which reports its errors to the caller."""
 
-    def __init__(self, base: Any, initializer: Any, initargs: tuple) -> None:
+    def __init__(self, base: Any, initializer: Any, initargs: tuple, codec: Any) -> None:
+        self.codec = codec
         self.base = base
         self.initializer = initializer
         self.initargs = initargs
@@ -181,6 +183,7 @@ class _Setup:
         if self.base is not None:
             self.base(device)
         _IN_WORKER = True
+        _CODEC[0] = self.codec
         init = self.initializer
         if isinstance(init, _ByValue):  # not pickled on the way (fork)
             init = _load_by_value(init.key, init.blob)
@@ -203,7 +206,17 @@ def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
     try:
         if mode == _TASK:
             f, args, kwargs = pickle.loads(arg)
-            return job, index, True, f(*args, **kwargs)
+            value = f(*args, **kwargs)
+            try:
+                # The result must travel: find out here, for this future only (buffers are
+                # not copied by this check; a bad result would otherwise end the stream).
+                _CODEC[0].dumps(value)
+            except Exception as e:  # noqa: BLE001 - reported as this task's error
+                what = wire.describe_unpicklable(value)
+                err = error_report("task", device, None, e, "pickle_result")
+                err["message"] = f"the result is not picklable: {what}"
+                return job, index, False, err
+            return job, index, True, value
         t0 = time.perf_counter()
         append = out.append
         if mode == _ONE:
@@ -229,7 +242,7 @@ class _TaskHooks:
 
     def _producer_setup(self, n_producers: int) -> _Setup:  # type: ignore[override]
         base = super()._producer_setup(n_producers)  # type: ignore[misc]
-        return _Setup(base, *self._pool_init)
+        return _Setup(base, *self._pool_init, self._codec())  # type: ignore[attr-defined]
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
