@@ -521,6 +521,61 @@ class DataLoaderPerCallSystem(DataLoaderSystem):
         yield call
 
 
+def _ec_pool_init(hooks: type) -> tuple[type, str, Any]:
+    """easycore Pool initializer: ``producer_init`` on this worker's device; the worker's
+    context is ``(hooks, device, cfg)``."""
+    from easycore.parallel import worker_info
+
+    info = worker_info()
+    device = info.device if info is not None else "cpu"
+    cfg = reference.make_cfg()
+    hooks.producer_init(device, cfg)
+    multiprocessing.util.Finalize(None, hooks.producer_end, args=(device, cfg), exitpriority=10)
+    return hooks, device, cfg
+
+
+def _ec_pool_work(data: Any) -> Any:
+    """easycore Pool task: ``producer_work`` on one item, with the worker's context."""
+    from easycore.parallel import context
+
+    hooks, device, cfg = context()
+    return hooks.producer_work(device, cfg, data)
+
+
+class EasycorePoolSystem(System):
+    """easycore's function-style pool: ``Pool.imap`` (ordered jobs) or ``imap_unordered``,
+    default (adaptive) batching."""
+
+    key = "easycore_pool"
+
+    def _module(self, job: Job) -> str:
+        return "easycore.torch.parallel" if job.torch_flavour else "easycore.parallel"
+
+    def label(self, job: Job) -> str:
+        fn = "imap" if job.ordered else "imap_unordered"
+        return f"easycore {self._module(job)}.Pool.{fn}"
+
+    def unavailable(self, job: Job) -> str | None:
+        if job.torch_flavour and not torch_available():
+            return "torch is not installed"
+        return None
+
+    @contextlib.contextmanager
+    def session(self, job: Job) -> Iterator[Call]:
+        pool_cls = importlib.import_module(self._module(job)).Pool
+        pool = pool_cls(list(job.devices), initializer=_ec_pool_init, initargs=(job.hooks,))
+
+        def call(data: Iterable[Any]) -> Any:
+            imap = pool.imap if job.ordered else pool.imap_unordered
+            return run_consumer(job.hooks, imap(_ec_pool_work, data))
+
+        try:
+            yield call
+        finally:
+            pool.close()
+            pool.join()
+
+
 SYSTEMS: dict[str, System] = {}
 """Every system by key, in table order; :func:`register_system` adds one."""
 
@@ -543,6 +598,7 @@ for _s in (
     register_system(_s)
 register_system(EasycoreImapSystem())
 register_system(PipeSystem())
+register_system(EasycorePoolSystem())
 
 
 # ---------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from easycore.common.parallel import engine
 from easycore.common.parallel.devices import parse_devices
 from easycore.common.parallel.worker import WorkerInfo, worker_info
 from easycore.errors import InvalidArgument
+from easycore.parallel import pool as _pool
 from easycore.torch.parallel.codec import TorchCodec
 
 
@@ -110,4 +111,32 @@ class OrderedRunner(BaseRunner):
     _ordered = True
 
 
-__all__ = ["BaseRunner", "OrderedRunner", "UnorderedRunner", "WorkerInfo", "worker_info"]
+class _TorchTaskRunner(_pool._TaskHooks, UnorderedRunner):
+    """The runner behind the torch :class:`Pool`."""
+
+
+class Pool(_pool.Pool):
+    __doc__ = (_pool.Pool.__doc__ or "") + (
+        "\n    On ``torch.multiprocessing``: CPU tensors travel through shared memory, a "
+        '``"cuda:N"`` worker has its device set before ``initializer``.\n'
+    )
+    _runner_cls = _TorchTaskRunner
+
+
+class PoolExecutor(_pool.PoolExecutor):
+    __doc__ = _pool.PoolExecutor.__doc__
+    _pool_cls = Pool
+
+
+context = _pool.context
+
+__all__ = [
+    "BaseRunner",
+    "OrderedRunner",
+    "Pool",
+    "PoolExecutor",
+    "UnorderedRunner",
+    "WorkerInfo",
+    "context",
+    "worker_info",
+]

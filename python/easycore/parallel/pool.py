@@ -1,0 +1,1112 @@
+"""A function-style process pool on the runners' engine.
+
+``Pool`` is the API of ``multiprocessing.Pool`` and ``concurrent.futures`` (``map``,
+``imap``, ``imap_unordered``, ``starmap``, ``submit`` → ``Future``, ``apply_async``) on the
+same producers, Rust shared-memory queues, adaptive batching, devices, seeds and failure
+semantics as :mod:`easycore.common.parallel`. There is one dispatcher, the runners': the pool
+owns an internal runner whose ``producer_work`` calls the shipped function, and keeps one
+streaming call of it open while the pool lives.
+
+How work travels::
+
+    map/imap inputs ─┐                                  ┌─▶ map/imap jobs (by job id)
+    submit tasks ────┴─▶ [feed] ─▶ runner stream ─▶ [service thread]
+                                  (engine: batches,    └─▶ futures (by task id)
+                                   queues, producers)
+
+* The feed is the stream's input iterable: it takes queued ``submit`` tasks first, then items
+  of the open ``map``/``imap`` jobs in turn, each job at most ``window`` items ahead of what its
+  caller consumed (so a lazy input is read lazily and memory stays bounded).
+* Every item is ``(job, index, function, argument, mode)``; a producer returns
+  ``(job, index, ok, value)``. A task's exception is caught in the producer and re-raised in
+  the caller as the runners do (a :class:`~easycore.errors.WorkerError` that is also an
+  instance of the original type, with the remote traceback), so it fails only its own job or
+  future while the stream goes on.
+* A function that plain pickle sends by name travels so; others (lambdas, closures, functions
+  of an interactive ``__main__``) travel by value with cloudpickle, which each producer
+  unpickles once and caches. Within one batch a function is pickled once (pickle's memo).
+* If the stream fails (a producer died, an item or result could not be pickled), every pending
+  job and future fails with that error, and the pool restarts its producers at its next task.
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import hashlib
+import itertools
+import os
+import pickle
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
+from typing import Any
+
+from easycore.common.parallel import engine, wire
+from easycore.common.parallel import worker as _worker
+from easycore.common.parallel.worker import error_report
+from easycore.errors import (
+    EasycoreError,
+    InvalidArgument,
+    RunnerClosedError,
+    SerializationError,
+    WorkerDiedError,
+)
+
+_TICK = 0.1  # seconds between checks while a thread waits
+_ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of an item
+_TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
+_SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
+# Items a job may have ahead of its caller when its input is a range/list/tuple (already in
+# memory): large, so that cheap items travel in large chunks. Results are still bounded by
+# bytes (see Pool._bound_room), and any other input by ``window``.
+_SEQ_WINDOW = 16384
+
+# ----- functions across processes -----
+
+_BY_VALUE_CACHE: dict[bytes, Any] = {}  # in producers: functions sent by value, by digest
+_BY_VALUE_CACHE_MAX = 256
+
+
+def _load_by_value(key: bytes, blob: bytes) -> Any:
+    """Unpickles a function sent by value, once per producer (cached by digest)."""
+    fn = _BY_VALUE_CACHE.get(key)
+    if fn is None:
+        fn = pickle.loads(blob)
+        if len(_BY_VALUE_CACHE) >= _BY_VALUE_CACHE_MAX:
+            _BY_VALUE_CACHE.clear()
+        _BY_VALUE_CACHE[key] = fn
+    return fn
+
+
+class _ByValue:
+    """A function pickled by value with cloudpickle, once in the caller."""
+
+    __slots__ = ("blob", "key")
+
+    def __init__(self, blob: bytes) -> None:
+        self.blob = blob
+        self.key = hashlib.blake2b(blob, digest_size=16).digest()
+
+    def __reduce__(self) -> tuple[Any, tuple[bytes, bytes]]:
+        return (_load_by_value, (self.key, self.blob))
+
+
+def _main_importable() -> bool:
+    """Whether a spawned child can import ``__main__`` (a script, not a REPL or notebook)."""
+    main = sys.modules.get("__main__")
+    return getattr(main, "__file__", None) is not None
+
+
+def portable(fn: Callable, start_method: str = "spawn") -> Any:
+    """``fn`` itself where plain pickle sends it by name, else ``fn`` pickled by value.
+
+    Plain pickle is tried first (fast, and what a module-level function needs). Lambdas,
+    closures, functions defined inside functions, and functions of a ``__main__`` that a
+    spawned child cannot import (a REPL, a notebook) go by value with cloudpickle.
+
+    Args:
+        fn (Callable): the function to send to the workers.
+        start_method (str): how the workers start (under fork, ``__main__`` is inherited).
+
+    Returns:
+        Any: a picklable object that unpickles to ``fn`` in a worker.
+
+    Raises:
+        SerializationError: if neither pickle nor cloudpickle can send ``fn``.
+    """
+    if not callable(fn):
+        raise InvalidArgument(f"expected a callable, got {type(fn).__name__}")
+    by_name = not (
+        getattr(fn, "__module__", None) == "__main__"
+        and start_method != "fork"
+        and not _main_importable()
+    )
+    if by_name:
+        try:
+            pickle.dumps(fn, protocol=5)
+            return fn
+        except Exception:  # noqa: BLE001, S110 - falls back to cloudpickle below
+            pass
+    import cloudpickle
+
+    try:
+        return _ByValue(cloudpickle.dumps(fn, protocol=5))
+    except Exception as e:
+        raise SerializationError(
+            f"the function {fn!r} cannot be sent to the workers, neither by name (pickle) nor "
+            f"by value (cloudpickle): {type(e).__name__}: {e}"
+        ) from e
+
+
+# ----- in the producers -----
+
+_CONTEXT: Any = None
+_CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
+_IN_WORKER = False
+_INIT: tuple[Any, tuple] | None = None
+
+
+def context() -> Any:
+    """The value the pool's ``initializer`` returned in this worker process.
+
+    Call it from a task (a function given to ``map``, ``submit``…) to reach per-worker state
+    built once, such as a model or an open connection; :func:`worker_info` says which worker
+    and device run the task.
+
+    Returns:
+        Any: what ``initializer(*initargs)`` returned in this worker (None without one).
+
+    Raises:
+        RuntimeError: outside a pool's worker process.
+    """
+    if not _IN_WORKER:
+        raise RuntimeError("context() is only available in a pool's worker process (in a task)")
+    return _CONTEXT
+
+
+class _Setup:
+    """Run first in each producer: the flavour's own setup (CUDA device, threads), then keeps
+    the initializer for ``producer_init``, which reports its errors to the caller."""
+
+    def __init__(self, base: Any, initializer: Any, initargs: tuple, codec: Any) -> None:
+        self.codec = codec
+        self.base = base
+        self.initializer = initializer
+        self.initargs = initargs
+
+    def __call__(self, device: str) -> None:
+        global _IN_WORKER, _INIT
+        if self.base is not None:
+            self.base(device)
+        _IN_WORKER = True
+        _CODEC[0] = self.codec
+        init = self.initializer
+        if isinstance(init, _ByValue):  # not pickled on the way (fork)
+            init = _load_by_value(init.key, init.blob)
+        _INIT = (init, self.initargs)
+
+
+def _run_initializer(device: str, cfg: Any) -> None:
+    global _CONTEXT
+    if _INIT is not None and _INIT[0] is not None:
+        init, initargs = _INIT
+        _CONTEXT = init(*initargs)
+
+
+def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
+    """Runs one item: a chunk of a map job (``arg`` is a list of arguments) or a submitted
+    task. Returns ``(job, index, ok, value)``: for a chunk ``value`` is ``(results, seconds)``;
+    an exception is returned as a report (``ok`` False), not raised, so the stream goes on."""
+    job, index, fn, arg, mode = item
+    out: list = []
+    try:
+        if mode == _TASK:
+            f, args, kwargs = pickle.loads(arg)
+            value = f(*args, **kwargs)
+            try:
+                # The result must travel: find out here, for this future only (buffers are
+                # not copied by this check; a bad result would otherwise end the stream).
+                _CODEC[0].dumps(value)
+            except Exception as e:  # noqa: BLE001 - reported as this task's error
+                what = wire.describe_unpicklable(value)
+                err = error_report("task", device, None, e, "pickle_result")
+                err["message"] = f"the result is not picklable: {what}"
+                return job, index, False, err
+            return job, index, True, value
+        t0 = time.perf_counter()
+        append = out.append
+        if mode == _ONE:
+            for x in arg:
+                append(fn(x))
+        else:
+            for x in arg:
+                append(fn(*x))
+        return job, index, True, (out, time.perf_counter() - t0)
+    except _worker._Interrupted:
+        raise
+    except BaseException as e:  # noqa: BLE001 - sent to the caller, raised there
+        where = index + len(out) if mode != _TASK else None
+        return job, index, False, error_report("task", device, where, e, "hook")
+
+
+class _TaskHooks:
+    """The hooks of the pool's internal runner (mixed into a runner flavour)."""
+
+    def __init__(self, devices: Any, setup: tuple[Any, tuple], **kwargs: Any) -> None:
+        self._pool_init = setup
+        super().__init__(devices, **kwargs)  # type: ignore[call-arg]
+
+    def _producer_setup(self, n_producers: int) -> _Setup:  # type: ignore[override]
+        base = super()._producer_setup(n_producers)  # type: ignore[misc]
+        return _Setup(base, *self._pool_init, self._codec())  # type: ignore[attr-defined]
+
+    producer_init = staticmethod(_run_initializer)
+    producer_work = staticmethod(_run_item)
+
+
+class _TaskRunner(_TaskHooks, engine.UnorderedRunner):
+    """The runner behind :class:`Pool`."""
+
+
+# ----- in the caller -----
+
+
+class _Job:
+    """One ``map``/``imap`` call: its input, the results its caller has not taken yet."""
+
+    def __init__(
+        self,
+        jid: int,
+        fn: Any,
+        iterable: Iterable,
+        mode: int,
+        ordered: bool,
+        window: int,
+        chunksize: int | None,
+        room: list[int],
+    ) -> None:
+        self.jid = jid
+        self.fn = fn
+        # A range/list/tuple is sliced in place; any other iterable is read item by item
+        # (in chunks only if asked: filling a chunk would hold back items while next() waits).
+        self.seq = iterable if type(iterable) in _SEQUENCES else None
+        self.it = None if self.seq is not None else iter(iterable)
+        self.chunksize = chunksize
+        self.mode = mode
+        self.ordered = ordered
+        self.window = window
+        self.room = room  # [items]: the pool's bound from the bytes per result (shared)
+        self.cv = threading.Condition(threading.Lock())
+        self.ready: dict[int, Any] | collections.deque = {} if ordered else collections.deque()
+        self.next_index = 0  # ordered: the next index to hand out
+        self.pulled = 0  # items read from the input (by the feed)
+        self.consumed = 0  # results handed to the caller
+        self.input_done = False
+        self.error: BaseException | None = None
+        self.closed = False  # finished or abandoned: its input and results are dropped
+        self.waiting = False
+
+    def has_room(self) -> bool:
+        return (
+            not self.closed
+            and not self.input_done
+            and self.pulled - self.consumed < min(self.window, self.room[0])
+        )
+
+    def deliver(self, index: int, ok: bool, value: Any) -> None:
+        with self.cv:
+            if self.closed:
+                return
+            if not ok:
+                if self.error is None:
+                    self.error = engine._worker_error(value)
+            elif self.ordered:
+                self.ready[index] = value  # type: ignore[index]
+            else:
+                self.ready.extend(value)  # type: ignore[union-attr]
+            if self.waiting:
+                self.cv.notify()
+
+    def fail(self, error: BaseException) -> None:
+        with self.cv:
+            self.input_done = True
+            if self.error is None:
+                self.error = error
+            self.cv.notify_all()
+
+    def wake(self) -> None:
+        with self.cv:
+            self.cv.notify_all()
+
+
+class _Feed:
+    """The input of the pool's stream (read by the engine's input thread): queued tasks first,
+    then the open jobs' items in turn. Ends when its stream is replaced or the pool closes."""
+
+    def __init__(self, pool: Pool, generation: int) -> None:
+        self.pool = pool
+        self.generation = generation
+        self.current: _Job | None = None
+
+    def __iter__(self) -> _Feed:
+        return self
+
+    def __next__(self) -> tuple:
+        pool = self.pool
+        while True:
+            job = self.current
+            # Fast path: keep reading the current job while no task waits and it has room.
+            if job is None or (pool._tasks and not pool._feed_capped()) or not job.has_room():
+                chosen = self._choose()
+                if isinstance(chosen, tuple):
+                    return chosen  # a submitted task
+                self.current = job = chosen
+            index = job.pulled
+            ahead = min(job.window, job.room[0]) - (index - job.consumed)
+            size = max(1, min(job.chunksize or pool._auto_chunk(job), ahead))
+            try:
+                if job.seq is not None:
+                    items = job.seq[index : index + size]
+                elif size == 1:
+                    items = [next(job.it)]  # type: ignore[arg-type]
+                else:
+                    items = list(itertools.islice(job.it, size))  # type: ignore[arg-type]
+            except StopIteration:
+                items = []
+            except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
+                job.fail(e)
+                continue
+            job.pulled = index + len(items)  # before input_done: the caller checks both
+            if len(items) < size:
+                job.input_done = True
+                job.wake()
+                pool._wake_feed()
+                if not items:
+                    continue
+            return job.jid, index, job.fn, items, job.mode
+
+    def _choose(self) -> Any:
+        """A task item to send, or a job with room; waits for either. StopIteration at the end."""
+        pool = self.pool
+        with pool._cv:
+            while True:
+                if self.generation != pool._generation:
+                    raise StopIteration
+                while pool._tasks and len(pool._running) < pool._task_window:
+                    fut, tid, blob = pool._tasks.popleft()
+                    if fut.set_running_or_notify_cancel():
+                        pool._running[tid] = fut
+                        return 0, tid, None, blob, _TASK
+                jobs = pool._jobs
+                if jobs:
+                    # Round robin: rotate the job order so every open job gets its turn.
+                    order = list(jobs.values())
+                    start = pool._turn % len(order)
+                    pool._turn += 1
+                    for job in order[start:] + order[:start]:
+                        if job.has_room():
+                            return job
+                if pool._closing and not jobs and not pool._tasks:
+                    raise StopIteration  # closed, and every call and task was sent
+                pool._feed_waiting = True
+                pool._cv.wait(_TICK)
+                pool._feed_waiting = False
+
+
+_LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
+
+
+@atexit.register
+def _terminate_all_at_exit() -> None:
+    # Registered after the engine's exit hook, so it runs first: streams stop before runners.
+    for p in list(_LIVE_POOLS):
+        try:
+            p.terminate()
+        except BaseException:  # noqa: BLE001, S110 - nothing useful to do at exit
+            pass
+
+
+def _for_pool(e: BaseException) -> BaseException:
+    """The runner's error reworded for pool users (the pool restarts its workers itself)."""
+    if isinstance(e, WorkerDiedError):
+        msg = str(e).replace(
+            "The runner was closed; call activate() to restart it",
+            "Every pending call and future of the pool failed; its next call restarts the workers",
+        )
+        new = WorkerDiedError(msg, pid=e.pid, device=e.device, exitcode=e.exitcode)
+        new.__cause__ = e.__cause__
+        return new
+    return e
+
+
+class AsyncResult:
+    """What :meth:`Pool.apply_async` returns, as in ``multiprocessing.pool.AsyncResult``.
+
+    Args:
+        future (concurrent.futures.Future): the future of the task.
+    """
+
+    def __init__(self, future: Future) -> None:
+        self.future = future
+
+    def get(self, timeout: float | None = None) -> Any:
+        """The task's result (or its exception, raised); ``TimeoutError`` after ``timeout``."""
+        return self.future.result(timeout)
+
+    def wait(self, timeout: float | None = None) -> None:
+        """Waits until the task is done, or ``timeout`` seconds."""
+        try:
+            self.future.exception(timeout)
+        except (TimeoutError, CancelledError):
+            pass
+
+    def ready(self) -> bool:
+        """Whether the task is done."""
+        return self.future.done()
+
+    def successful(self) -> bool:
+        """Whether the task completed without raising (ValueError if not done yet)."""
+        if not self.future.done():
+            raise ValueError("the task is not done yet")
+        return not self.future.cancelled() and self.future.exception() is None
+
+
+class Pool:
+    """A pool of worker processes with the API of ``multiprocessing.Pool`` and
+    ``concurrent.futures``, on easycore's runner engine.
+
+    Functions, lambdas and closures are accepted under every start method. Results and
+    exceptions come back as the runners return them: a task's exception is re-raised in the
+    caller as a :class:`~easycore.errors.WorkerError` that is also an instance of the
+    original type, with the remote traceback; a worker that dies fails every pending call and
+    future with :class:`~easycore.errors.WorkerDiedError` at once (the pool restarts its
+    workers at the next call).
+
+    Args:
+        processes (int or Iterable[str], optional): an int ``n`` starts ``n`` ``"cpu"``
+            workers; an iterable gives one worker per device, such as ``["cuda:0", "cuda:1"]``
+            (as the runners take ``devices``); default ``os.cpu_count()``.
+        initializer (Callable, optional): run once in each worker before any task, as
+            ``initializer(*initargs)``; what it returns is that worker's :func:`context`.
+        initargs (tuple): arguments of ``initializer``.
+        start_method (str, optional): ``"fork"``, ``"spawn"`` or ``"forkserver"``; default
+            as the runners choose (fork on Linux for CPU workers made while one thread runs).
+        seed (int, optional): worker ``i`` seeds ``random``, numpy and torch with
+            ``seed + i``; default a random base.
+        window (int, optional): most items of one ``map``/``imap`` read ahead of what its
+            caller consumed; default as the runners' ``window`` for an input iterable, and
+            16384 for a range, list or tuple (already in memory; cheap items then travel in
+            large chunks). Results waiting for their caller are also bounded by bytes.
+        queue_scale (float): scales the shared-memory queues (as for the runners).
+        close_timeout (float): seconds ``close()``/``join()`` leave the workers to exit.
+    """
+
+    _runner_cls: type = _TaskRunner
+
+    def __init__(
+        self,
+        processes: int | Iterable[str] | None = None,
+        initializer: Callable | None = None,
+        initargs: Iterable[Any] = (),
+        *,
+        start_method: str | None = None,
+        seed: int | None = None,
+        window: int | None = None,
+        queue_scale: float = 3.0,
+        close_timeout: float = 10.0,
+    ) -> None:
+        if processes is None:
+            processes = os.cpu_count() or 1
+        if isinstance(processes, int) and processes < 1:
+            raise InvalidArgument(f"processes must be at least 1, got {processes}")
+        initargs = tuple(initargs)
+        # Unless fork is asked for, assume a spawned worker (by value costs nothing under fork).
+        init = None if initializer is None else portable(initializer, start_method or "spawn")
+        self._cv = threading.Condition(threading.Lock())
+        self._tasks: collections.deque = collections.deque()  # (future, task id, pickle)
+        self._running: dict[int, Future] = {}  # sent tasks by id
+        self._jobs: dict[int, _Job] = {}  # open map/imap calls by id
+        self._ids = itertools.count(1)
+        self._turn = 0
+        self._generation = 0
+        self._feed_waiting = False
+        self._closing = False
+        self._terminated = False
+        self._call: Any = None
+        self._runner = self._runner_cls(
+            processes,
+            (init, initargs),
+            queue_scale=queue_scale,
+            start_method=start_method,
+            window=window,
+            close_timeout=close_timeout,
+            seed=seed,
+        )
+        self._window = self._runner._window
+        self._window_default = window is None
+        # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
+        # is still cancellable (it is "running" once sent), yet every worker has a next one.
+        self._task_window = max(4, 2 * len(self._runner.devices))
+        self._item_cost = 0.0  # worker seconds per map item, learned
+        self._room = [_SEQ_WINDOW]  # results a job may hold ahead of its caller (by bytes)
+        self._n_results = 0  # map results received by the current stream
+        self._service = threading.Thread(target=self._serve, name="easycore-pool", daemon=True)
+        self._service.start()
+        _LIVE_POOLS.add(self)
+
+    # ----- properties -----
+
+    @property
+    def devices(self) -> list[str]:
+        """list[str]: one device per worker process."""
+        return self._runner.devices
+
+    @property
+    def start_method(self) -> str:
+        """str: how worker processes are started."""
+        return self._runner.start_method
+
+    @property
+    def seed(self) -> int:
+        """int: the base seed; worker ``i`` uses ``seed + i``."""
+        return self._runner.seed
+
+    def __repr__(self) -> str:
+        state = "terminated" if self._terminated else "closed" if self._closing else "open"
+        return (
+            f"<{type(self).__name__} devices={self.devices} "
+            f"start_method={self.start_method!r} {state}>"
+        )
+
+    def __getstate__(self) -> None:
+        raise TypeError("a Pool cannot be pickled or sent to another process")
+
+    # ----- the stream (service thread) -----
+
+    def _serve(self) -> None:
+        runner = self._runner
+        try:
+            while True:
+                with self._cv:
+                    while not (self._tasks or self._jobs or self._closing):
+                        self._cv.wait(_TICK)
+                    if self._terminated or (self._closing and not self._tasks and not self._jobs):
+                        return
+                    generation = self._generation
+                try:
+                    runner.activate()  # after a failure: restart the workers for new work
+                    call = engine._Call(runner, _Feed(self, generation), False, None, True)
+                    self._call = call
+                    self._n_results = 0
+                    route = self._route
+                    for job, index, ok, value in call.iterate():
+                        route(job, index, ok, value)
+                    if self._closing:
+                        return
+                except BaseException as e:  # noqa: BLE001 - every pending caller gets it
+                    self._fail_pending(_for_pool(e))
+                    if self._terminated:
+                        return
+        finally:
+            self._call = None
+            try:
+                runner._shutdown(interrupt=self._terminated)
+            except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
+                self._end_error = e
+            self._fail_pending(RunnerClosedError("the pool was closed"))
+
+    def _route(self, jid: int, index: int, ok: bool, value: Any) -> None:
+        if jid == 0:
+            fut = self._running.pop(index, None)
+            if fut is None:
+                return
+            if self._feed_waiting:
+                self._wake_feed()  # room for another task
+            try:
+                if ok:
+                    fut.set_result(value)
+                else:
+                    fut.set_exception(engine._worker_error(value))
+            except InvalidStateError:
+                pass  # failed meanwhile by terminate()
+            return
+        job = self._jobs.get(jid)
+        if ok:
+            results, seconds = value
+            if results:
+                cost = seconds / len(results)
+                prev = self._item_cost
+                self._item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
+                self._bound_room(len(results))
+            value = results
+        if job is not None:
+            job.deliver(index, ok, value)
+
+    def _fail_pending(self, error: BaseException) -> None:
+        """Fails every job and future not finished (the stream they travelled on is gone)."""
+        with self._cv:
+            self._generation += 1  # the old feed stops taking work
+            jobs = list(self._jobs.values())
+            futures = list(self._running.values())
+            self._running.clear()
+            queued = list(self._tasks)
+            self._tasks.clear()
+            self._cv.notify_all()
+        for job in jobs:
+            job.fail(error)
+        for fut in futures + [q[0] for q in queued]:
+            try:
+                fut.set_exception(error)
+            except InvalidStateError:
+                pass  # cancelled or done
+            except BaseException:  # noqa: BLE001 - a pending (cancelled) future
+                pass
+
+    def _bound_room(self, n_results: int) -> None:
+        """Bounds each job's results ahead of its caller by bytes too (as the runners bound
+        items in flight): at most about twice the output queue's budget of results."""
+        call = self._call
+        if call is None:
+            return
+        self._n_results += n_results
+        per = call.stats.bytes_out / max(1, self._n_results)
+        if per > 0:
+            self._room[0] = max(1, min(_SEQ_WINDOW, int(call.max_inflight_bytes / per)))
+
+    def _auto_chunk(self, job: _Job) -> int:
+        """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done."""
+        cost = self._item_cost
+        if cost <= 0:
+            return 1
+        # At most a quarter of the job's window per worker, so every worker gets chunks.
+        most = max(1, job.window // (4 * len(self._runner.devices)))
+        return max(1, min(int(_TARGET_CHUNK_S / cost), most))
+
+    def _feed_capped(self) -> bool:
+        return len(self._running) >= self._task_window
+
+    def _wake_feed(self) -> None:
+        if self._feed_waiting:
+            with self._cv:
+                self._cv.notify_all()
+
+    def _check_open(self) -> None:
+        if self._closing:
+            raise RunnerClosedError(f"this {type(self).__name__} is closed")
+        if os.getpid() != self._runner._owner_pid:
+            raise RunnerClosedError(
+                f"this {type(self).__name__} belongs to process {self._runner._owner_pid}; a "
+                "forked child cannot use it"
+            )
+
+    def _check_not_service(self) -> None:
+        if threading.current_thread() is self._service:
+            raise EasycoreError(
+                "a Future's done-callback waited on its own pool (the callback runs in the "
+                "pool's result thread, which would wait on itself); submit() from a callback "
+                "is fine, but wait for results elsewhere"
+            )
+
+    # ----- map family -----
+
+    def _open_job(
+        self, fn: Callable, iterable: Iterable, mode: int, ordered: bool, chunksize: int | None
+    ) -> _Job:
+        self._check_open()
+        if chunksize is not None and not (isinstance(chunksize, int) and chunksize >= 1):
+            raise InvalidArgument(f"chunksize must be a positive int or None, got {chunksize!r}")
+        f = portable(fn, self._runner.start_method)
+        with self._cv:
+            self._check_open()
+            window = self._window
+            if type(iterable) in _SEQUENCES and self._window_default:
+                window = max(window, _SEQ_WINDOW)
+            job = _Job(next(self._ids), f, iterable, mode, ordered, window, chunksize, self._room)
+            self._jobs[job.jid] = job
+            self._cv.notify_all()
+        return job
+
+    def _close_job(self, job: _Job) -> None:
+        with job.cv:
+            job.closed = True
+        with self._cv:
+            self._jobs.pop(job.jid, None)
+            self._cv.notify_all()
+
+    def _results(self, job: _Job, timeout: float | None) -> Iterator[Any]:
+        self._check_not_service()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while True:
+                with job.cv:
+                    while True:
+                        if job.error is not None:
+                            raise job.error
+                        if self._terminated:
+                            raise RunnerClosedError("the pool was terminated")
+                        ready = job.ready
+                        if job.ordered:
+                            got = []
+                            i = job.next_index
+                            while i in ready:
+                                chunk = ready.pop(i)  # type: ignore[call-overload]
+                                got.extend(chunk)
+                                i += len(chunk)
+                            job.next_index = i
+                        else:
+                            got = list(ready)
+                            ready.clear()
+                        if got:
+                            break
+                        if job.input_done and job.consumed >= job.pulled:
+                            return
+                        wait = _TICK
+                        if deadline is not None:
+                            wait = min(wait, deadline - time.monotonic())
+                            if wait <= 0:
+                                raise TimeoutError(f"no result within timeout={timeout} s")
+                        job.waiting = True
+                        job.cv.wait(wait)
+                        job.waiting = False
+                    full = job.pulled - job.consumed >= min(job.window, job.room[0])
+                    job.consumed += len(got)
+                if full:  # the feed may wait for this job's room: wake it (under the lock)
+                    with self._cv:
+                        self._cv.notify_all()
+                yield from got
+        except KeyboardInterrupt:
+            # Ctrl-C: stop everything, as the runners do (busy workers are interrupted).
+            self._close_job(job)
+            self.terminate()
+            raise
+        finally:
+            self._close_job(job)
+
+    def imap(
+        self,
+        func: Callable,
+        iterable: Iterable[Any],
+        chunksize: int | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Iterator[Any]:
+        """Lazily yields ``func(x)`` for each ``x`` of ``iterable``, in input order.
+
+        The input is read lazily (in the pool's input thread), at most ``window`` items ahead
+        of what the caller consumed. Leaving the loop early (``break``) stops the call.
+
+        Args:
+            func (Callable): any function, lambda or closure.
+            iterable (Iterable): the arguments.
+            chunksize (int, optional): items per task. By default a range, list or tuple is
+                cut in chunks of about 2 ms of work (learned from the chunks done), and any
+                other iterable goes item by item (the engine still batches the messages);
+                a chunksize makes the pool wait to fill each chunk from such an iterable.
+            timeout (float, optional): seconds the whole iteration may take before
+                ``TimeoutError`` (the pool stays usable).
+
+        Returns:
+            Iterator: the results, in input order.
+        """
+        return self._results(self._open_job(func, iterable, _ONE, True, chunksize), timeout)
+
+    def imap_unordered(
+        self,
+        func: Callable,
+        iterable: Iterable[Any],
+        chunksize: int | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> Iterator[Any]:
+        """As :meth:`imap`, but yields results as they arrive.
+
+        Args:
+            func (Callable): any function, lambda or closure.
+            iterable (Iterable): the arguments.
+            chunksize (int, optional): as for :meth:`imap`.
+            timeout (float, optional): as for :meth:`imap`.
+
+        Returns:
+            Iterator: the results, in completion order.
+        """
+        return self._results(self._open_job(func, iterable, _ONE, False, chunksize), timeout)
+
+    def istarmap(
+        self,
+        func: Callable,
+        iterable: Iterable[Iterable[Any]],
+        chunksize: int | None = None,
+        *,
+        ordered: bool = True,
+        timeout: float | None = None,
+    ) -> Iterator[Any]:
+        """Lazily yields ``func(*args)`` for each ``args`` of ``iterable``.
+
+        Args:
+            func (Callable): any function, lambda or closure.
+            iterable (Iterable[Iterable]): argument tuples.
+            chunksize (int, optional): as for :meth:`imap`.
+            ordered (bool): in input order (default) or as results arrive.
+            timeout (float, optional): as for :meth:`imap`.
+
+        Returns:
+            Iterator: the results.
+        """
+        return self._results(self._open_job(func, iterable, _STAR, ordered, chunksize), timeout)
+
+    def map(
+        self,
+        func: Callable,
+        iterable: Iterable[Any],
+        chunksize: int | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """``[func(x) for x in iterable]``, computed by the workers.
+
+        Args:
+            func (Callable): any function, lambda or closure.
+            iterable (Iterable): the arguments (read lazily, as for :meth:`imap`).
+            chunksize (int, optional): as for :meth:`imap`.
+            timeout (float, optional): as for :meth:`imap`.
+
+        Returns:
+            list: the results, in input order.
+        """
+        return list(self.imap(func, iterable, chunksize, timeout=timeout))
+
+    def starmap(
+        self,
+        func: Callable,
+        iterable: Iterable[Iterable[Any]],
+        chunksize: int | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> list[Any]:
+        """``[func(*args) for args in iterable]``, computed by the workers.
+
+        Args:
+            func (Callable): any function, lambda or closure.
+            iterable (Iterable[Iterable]): argument tuples.
+            chunksize (int, optional): as for :meth:`imap`.
+            timeout (float, optional): as for :meth:`imap`.
+
+        Returns:
+            list: the results, in input order.
+        """
+        return list(self.istarmap(func, iterable, chunksize, timeout=timeout))
+
+    # ----- single tasks -----
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        """Schedules ``fn(*args, **kwargs)``; safe to call from several threads at once.
+
+        The function and arguments are pickled here (an unpicklable one raises at once).
+        Cancelling the future before a worker takes it means it never runs. Do not wait on
+        the pool's results from a future's done-callback (it runs in the pool's result
+        thread); submitting from one is fine.
+
+        Args:
+            fn (Callable): any function, lambda or closure.
+            *args, **kwargs: its arguments.
+
+        Returns:
+            concurrent.futures.Future: the task's result or exception.
+
+        Raises:
+            SerializationError: if the arguments cannot be pickled.
+        """
+        self._check_open()
+        f = portable(fn, self._runner.start_method)
+        try:
+            blob = pickle.dumps((f, args, kwargs), protocol=5)
+        except Exception as e:
+            raise SerializationError(
+                f"the arguments of {getattr(fn, '__qualname__', fn)!r} cannot be sent to the "
+                f"workers: {type(e).__name__}: {e}"
+            ) from e
+        fut: Future = Future()
+        with self._cv:
+            self._check_open()
+            self._tasks.append((fut, next(self._ids), blob))
+            self._cv.notify_all()
+        return fut
+
+    def apply_async(
+        self,
+        func: Callable,
+        args: Iterable[Any] = (),
+        kwds: dict[str, Any] | None = None,
+        callback: Callable[[Any], Any] | None = None,
+        error_callback: Callable[[BaseException], Any] | None = None,
+    ) -> AsyncResult:
+        """``multiprocessing.Pool.apply_async``: schedules ``func(*args, **kwds)``.
+
+        Args:
+            func (Callable): any function, lambda or closure.
+            args (Iterable): positional arguments.
+            kwds (dict, optional): keyword arguments.
+            callback (Callable, optional): called with the result (in the pool's result
+                thread).
+            error_callback (Callable, optional): called with the exception instead.
+
+        Returns:
+            AsyncResult: ``get(timeout)``, ``wait``, ``ready``, ``successful``.
+        """
+        fut = self.submit(func, *tuple(args), **(kwds or {}))
+        if callback is not None or error_callback is not None:
+
+            def done(f: Future) -> None:
+                if f.cancelled():
+                    return
+                exc = f.exception()
+                if exc is None:
+                    if callback is not None:
+                        callback(f.result())
+                elif error_callback is not None:
+                    error_callback(exc)
+
+            fut.add_done_callback(done)
+        return AsyncResult(fut)
+
+    def apply(
+        self, func: Callable, args: Iterable[Any] = (), kwds: dict[str, Any] | None = None
+    ) -> Any:
+        """``func(*args, **kwds)`` run by a worker; waits for the result.
+
+        Args:
+            func (Callable): any function, lambda or closure.
+            args (Iterable): positional arguments.
+            kwds (dict, optional): keyword arguments.
+
+        Returns:
+            Any: the result.
+        """
+        self._check_not_service()
+        return self.submit(func, *tuple(args), **(kwds or {})).result()
+
+    # ----- life cycle -----
+
+    def close(self) -> None:
+        """Accepts no new work; the workers exit once the work already given is done
+        (``join()`` waits for that). Closing twice is harmless."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
+
+    def terminate(self) -> None:
+        """Stops at once: queued futures are cancelled, running ones and open calls fail with
+        :class:`~easycore.errors.RunnerClosedError`, and the workers are stopped (busy ones
+        interrupted). Waits for that."""
+        with self._cv:
+            self._closing = True
+            self._terminated = True
+            queued = list(self._tasks)
+            self._tasks.clear()
+            self._cv.notify_all()
+        for fut, _tid, _blob in queued:
+            fut.cancel()
+        call = self._call
+        if call is not None:
+            call.abort = True
+            call.attention = True
+        self._fail_pending(RunnerClosedError("the pool was terminated"))
+        self.join()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Waits for the workers to exit, after :meth:`close` or :meth:`terminate`.
+
+        Args:
+            timeout (float, optional): most seconds to wait.
+
+        Raises:
+            ValueError: if the pool is still open.
+            WorkerError: what a worker's exit raised, if anything.
+        """
+        if not self._closing:
+            raise ValueError("join() needs close() or terminate() first")
+        if threading.current_thread() is not self._service:
+            self._service.join(timeout)
+        if not self._service.is_alive():
+            _LIVE_POOLS.discard(self)
+            err = getattr(self, "_end_error", None)
+            if err is not None:
+                self._end_error = None
+                raise err
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(self, exc_type: Any, *exc: object) -> None:
+        """Without an exception: ``close()`` then ``join()`` (pending work finishes); with
+        one: ``terminate()``. (``multiprocessing.Pool`` always terminates.)"""
+        if exc_type is None:
+            self.close()
+            self.join()
+        else:
+            self.terminate()
+
+
+class PoolExecutor(Executor):
+    """A ``concurrent.futures.Executor`` on a :class:`Pool`; drop-in for
+    ``ProcessPoolExecutor``.
+
+    Args:
+        max_workers (int or Iterable[str], optional): as ``Pool``'s ``processes`` (a number of
+            CPU workers, or a list of devices).
+        initializer (Callable, optional): as for :class:`Pool`.
+        initargs (tuple): as for :class:`Pool`.
+        **kwargs: the other keyword arguments of :class:`Pool`.
+    """
+
+    _pool_cls: type = Pool
+
+    def __init__(
+        self,
+        max_workers: int | Iterable[str] | None = None,
+        initializer: Callable | None = None,
+        initargs: Iterable[Any] = (),
+        **kwargs: Any,
+    ) -> None:
+        self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+        """Schedules ``fn(*args, **kwargs)`` (see :meth:`Pool.submit`).
+
+        Returns:
+            concurrent.futures.Future: the task's result or exception.
+        """
+        try:
+            return self.pool.submit(fn, *args, **kwargs)
+        except RunnerClosedError as e:
+            raise RuntimeError("cannot schedule new futures after shutdown") from e
+
+    def map(
+        self,
+        fn: Callable,
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        buffersize: int | None = None,
+    ) -> Iterator[Any]:
+        """``Executor.map``: lazily yields ``fn(*args)`` for the zipped ``iterables``, in order.
+
+        Unlike ``ProcessPoolExecutor.map``, the input is read lazily (bounded in flight).
+
+        Args:
+            fn (Callable): any function, lambda or closure.
+            *iterables: as for ``map()``.
+            timeout (float, optional): seconds the whole iteration may take.
+            chunksize (int): items per task (1: item by item; the engine still batches).
+            buffersize (int, optional): accepted for compatibility.
+
+        Returns:
+            Iterator: the results.
+        """
+        try:
+            chunk = chunksize if chunksize > 1 else None
+            return self.pool.istarmap(fn, zip(*iterables, strict=False), chunk, timeout=timeout)
+        except RunnerClosedError as e:
+            raise RuntimeError("cannot schedule new futures after shutdown") from e
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Accepts no new work; with ``wait``, waits for pending work and the workers.
+
+        Args:
+            wait (bool): wait for pending futures and the workers to finish.
+            cancel_futures (bool): cancel the futures no worker has started.
+        """
+        pool = self.pool
+        if cancel_futures:
+            with pool._cv:
+                queued = list(pool._tasks)
+                pool._tasks.clear()
+            for fut, _tid, _blob in queued:
+                fut.cancel()
+        pool.close()
+        if wait:
+            pool.join()

@@ -1,0 +1,95 @@
+"""Module-level functions for the pool tests (importable by spawned workers)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from easycore.parallel import context, worker_info
+
+
+class CustomError(Exception):
+    """An exception type of the user's, with an attribute."""
+
+    def __init__(self, msg: str, code: int = 0) -> None:
+        super().__init__(msg)
+        self.code = code
+
+
+def square(x):
+    return x * x
+
+
+def add(a, b):
+    return a + b
+
+
+def kwargs_fn(a, b=0, *, c=0):
+    return a + b + c
+
+
+def raise_on(x, bad, kind):
+    if x == bad:
+        if kind == "value":
+            raise ValueError(f"bad value {x}")
+        if kind == "key":
+            raise KeyError(x)
+        if kind == "custom":
+            raise CustomError(f"custom {x}", code=x)
+    return x
+
+
+def die_on(x, bad):
+    if x == bad:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return x
+
+
+def wait_for(path, value=None, limit=60.0):
+    """Waits (at most ``limit`` s) until ``path`` exists; returns ``value``."""
+    end = time.monotonic() + limit
+    while not os.path.exists(path) and time.monotonic() < end:
+        time.sleep(0.01)
+    return value
+
+
+def mark(path, value):
+    """Creates ``path`` (proof that the task ran); returns ``value``."""
+    with open(path, "w") as f:
+        f.write("ran")
+    return value
+
+
+def who(_=None):
+    info = worker_info()
+    return info.index, info.device, info.pid, context()
+
+
+def make_ctx(tag):
+    return {"tag": tag, "index": worker_info().index, "pid": os.getpid()}
+
+
+def fail_init():
+    raise CustomError("initializer failed", code=7)
+
+
+def queue_writer(q, w, n):
+    """Puts ``(w, i, array)`` for i < n, some with numpy payloads, half through put_many."""
+    import numpy as np
+
+    items = [(w, i, np.full(1 + (i % 5) * 50_000, i, dtype=np.int64)) for i in range(n)]
+    half = n // 2
+    for it in items[:half]:
+        q.put(it)
+    q.put_many(items[half:])
+
+
+def queue_reader(q, out, n):
+    """Gets until ``n`` objects arrived (get and get_many), then reports what it saw to ``out``."""
+    seen = []
+    while len(seen) < n:
+        for w, i, arr in q.get_many(16, timeout=60):
+            assert int(arr[0]) == i and int(arr[-1]) == i
+            seen.append((w, i))
+    out.put(seen)

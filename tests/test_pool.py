@@ -1,0 +1,445 @@
+"""easycore.parallel.Pool: the multiprocessing.Pool / concurrent.futures API on the runners'
+engine. Every test closes its pools (the suite's fixture fails a test that leaves a child
+process or a shared-memory segment behind); nothing here asserts a duration."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent.futures import CancelledError, Future, wait
+
+import pool_defs as pd
+import pytest
+from easycore.errors import RunnerClosedError, WorkerDiedError, WorkerError
+from easycore.parallel import Pool, PoolExecutor, context
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+METHODS = ["fork", "spawn"]
+
+
+def _closure(k):
+    def f(x):
+        return x * k
+
+    return f
+
+
+@pytest.fixture(params=METHODS)
+def pool(request):
+    p = Pool(2, start_method=request.param)
+    try:
+        yield p
+    finally:
+        p.terminate()
+
+
+# ----- 1. the map family -----
+
+
+def test_map_family_with_functions_lambdas_and_closures(pool):
+    k = 3
+    assert pool.map(pd.square, range(50)) == [x * x for x in range(50)]
+    assert pool.map(lambda x: x + k, range(50)) == [x + 3 for x in range(50)]
+    assert list(pool.imap(_closure(k), range(300))) == [x * 3 for x in range(300)]
+    assert sorted(pool.imap_unordered(lambda x: -x, range(300))) == sorted(-x for x in range(300))
+    pairs = [(i, i + 1) for i in range(40)]
+    assert pool.starmap(pd.add, pairs) == [a + b for a, b in pairs]
+    assert list(pool.istarmap(lambda a, b: a * b, iter(pairs))) == [a * b for a, b in pairs]
+    assert sorted(pool.istarmap(pd.add, pairs, ordered=False)) == sorted(a + b for a, b in pairs)
+    assert pool.map(pd.square, []) == []
+    assert pool.map(pd.square, (x for x in range(20)), chunksize=7) == [x * x for x in range(20)]
+
+
+def test_imap_reads_a_lazy_input_bounded_in_flight():
+    read = [0]
+
+    def source():
+        for i in range(2000):
+            read[0] += 1
+            yield i
+
+    with Pool(2, window=16) as p:
+        seen = 0
+        ahead = 0
+        for r in p.imap(pd.square, source()):
+            assert r == seen * seen
+            seen += 1
+            ahead = max(ahead, read[0] - seen)
+        assert seen == 2000
+        assert ahead <= 2 * 16 + 1
+
+
+def test_feedback_input_item_exists_only_after_previous_result():
+    # Item i+1 is made from result i: needs the input to be read while results flow.
+    with Pool(2) as p:
+        box = [1]
+
+        def source():
+            for _ in range(30):
+                yield box[0]
+
+        out = []
+        for r in p.imap(pd.square, source()):
+            out.append(r)
+            box[0] = (r % 7) + 1
+        assert len(out) == 30
+
+
+def test_break_out_of_imap_leaves_the_pool_usable(pool):
+    got = []
+    for r in pool.imap(pd.square, range(10**6)):
+        got.append(r)
+        if len(got) == 6:
+            break
+    assert got == [x * x for x in range(6)]
+    assert pool.map(pd.square, range(10)) == [x * x for x in range(10)]
+
+
+def test_concurrent_maps_from_threads(pool):
+    out = {}
+
+    def run(t):
+        out[t] = pool.map(lambda x, t=t: x + t, range(200))
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert out == {t: [x + t for x in range(200)] for t in range(4)}
+
+
+# ----- 3. errors -----
+
+
+@pytest.mark.parametrize("kind,exc", [("value", ValueError), ("key", KeyError)])
+def test_task_exceptions_keep_their_type_and_remote_traceback(pool, kind, exc):
+    with pytest.raises(exc) as info:
+        pool.starmap(pd.raise_on, [(x, 7, kind) for x in range(20)])
+    assert isinstance(info.value, WorkerError)
+    assert "raise_on" in info.value.remote_traceback
+    # the pool stays usable
+    assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
+
+
+def test_custom_exception_from_a_lambda_and_from_submit(pool):
+    with pytest.raises(pd.CustomError) as info:
+        list(pool.imap_unordered(lambda x: pd.raise_on(x, 3, "custom"), range(10)))
+    assert info.value.code == 3
+    fut = pool.submit(pd.raise_on, 4, 4, "custom")
+    with pytest.raises(pd.CustomError) as info:
+        fut.result(timeout=60)
+    assert info.value.code == 4 and isinstance(info.value, WorkerError)
+    # other futures are unaffected
+    assert pool.submit(pd.square, 9).result(timeout=60) == 81
+
+
+def test_input_error_is_raised_in_the_caller(pool):
+    def source():
+        yield 1
+        raise OSError("input broke")
+
+    with pytest.raises(OSError, match="input broke"):
+        pool.map(pd.square, source())
+    assert pool.map(pd.square, [3]) == [9]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_worker_killed_mid_map_raises_and_the_pool_restarts(method):
+    with Pool(2, start_method=method) as p:
+        with pytest.raises(WorkerDiedError, match="restarts the workers"):
+            p.starmap(pd.die_on, [(x, 50) for x in range(200)])
+        # the next call restarts the workers
+        assert p.map(pd.square, range(10)) == [x * x for x in range(10)]
+
+
+def test_worker_death_fails_every_pending_future(tmp_path):
+    gate = str(tmp_path / "gate")
+    with Pool(2) as p:
+        # A fresh pool sends one task per batch: the blocked task and the killer run on
+        # different workers; the rest wait in the pool.
+        blocked = [p.submit(pd.wait_for, gate, 0)]
+        killer = p.submit(pd.die_on, 1, 1)
+        blocked += [p.submit(pd.wait_for, gate, i) for i in range(1, 6)]
+        for f in [killer, *blocked]:
+            with pytest.raises(WorkerDiedError):
+                f.result(timeout=60)
+        # a new task restarts the workers
+        assert p.submit(pd.square, 5).result(timeout=60) == 25
+
+
+def test_initializer_error_is_raised_by_the_constructor():
+    with pytest.raises(pd.CustomError) as info:
+        Pool(1, initializer=pd.fail_init)
+    assert info.value.code == 7
+
+
+# ----- 4. futures -----
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_submit_functions_lambdas_closures_kwargs(method):
+    k = 10
+    with Pool(2, start_method=method) as p:
+        futs = [
+            p.submit(pd.kwargs_fn, 1, 2, c=3),
+            p.submit(lambda: k + 1),
+            p.submit(_closure(2), 4),
+        ]
+        assert [f.result(timeout=60) for f in futs] == [6, 11, 8]
+        assert p.apply(pd.add, (1, 2)) == 3
+        got = []
+        r = p.apply_async(pd.square, (7,), callback=got.append)
+        assert r.get(timeout=60) == 49
+        r.wait(60)
+        assert r.ready() and r.successful()
+        errs = []
+        r2 = p.apply_async(pd.raise_on, (1, 1, "value"), error_callback=errs.append)
+        with pytest.raises(ValueError):
+            r2.get(timeout=60)
+        assert not r2.successful()
+    assert got == [49] and isinstance(errs[0], ValueError)
+
+
+def test_many_threads_submit_at_once(pool):
+    results: dict[int, list[Future]] = {}
+
+    def run(t):
+        results[t] = [pool.submit(pd.add, t, i) for i in range(100)]
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for t, futs in results.items():
+        assert [f.result(timeout=60) for f in futs] == [t + i for i in range(100)]
+
+
+def test_future_cancelled_before_it_runs_never_runs(tmp_path):
+    gate = str(tmp_path / "gate")
+    with Pool(1) as p:
+        first = p.submit(pd.wait_for, gate, "first")
+        later = [p.submit(pd.mark, str(tmp_path / f"ran{i}"), i) for i in range(20)]
+        cancelled = [f for f in later if f.cancel()]
+        assert cancelled, "tasks beyond the few sent ahead are still cancellable"
+        open(gate, "w").close()
+        assert first.result(timeout=60) == "first"
+        done = [f for f in later if not f.cancelled()]
+        assert [f.result(timeout=60) for f in done] == [later.index(f) for f in done]
+    for i, f in enumerate(later):
+        assert os.path.exists(tmp_path / f"ran{i}") == (not f.cancelled())
+
+
+def test_result_timeout_is_honoured(tmp_path):
+    gate = str(tmp_path / "gate")
+    with Pool(1) as p:
+        f = p.submit(pd.wait_for, gate, 5)
+        with pytest.raises(TimeoutError):
+            f.result(timeout=0.2)
+        with pytest.raises(TimeoutError):
+            list(p.imap(pd.wait_for, [gate], timeout=0.2))
+        open(gate, "w").close()
+        assert f.result(timeout=60) == 5
+
+
+def test_executor_drop_in(tmp_path):
+    with PoolExecutor(2) as ex:
+        assert list(ex.map(pd.add, range(10), range(10))) == [2 * i for i in range(10)]
+        assert list(ex.map(lambda x: x + 1, range(5), timeout=60)) == [1, 2, 3, 4, 5]
+        futs = [ex.submit(pd.square, i) for i in range(20)]
+        done, _ = wait(futs, timeout=60)
+        assert len(done) == 20
+    with pytest.raises(RuntimeError):
+        ex.submit(pd.square, 1)
+
+
+def test_executor_shutdown_cancel_futures(tmp_path):
+    gate = str(tmp_path / "gate")
+    ex = PoolExecutor(1)
+    first = ex.submit(pd.wait_for, gate, 1)
+    end = time.monotonic() + 30
+    while not first.running() and time.monotonic() < end:  # sent to the worker
+        time.sleep(0.01)
+    later = [ex.submit(pd.square, i) for i in range(20)]
+    t = threading.Timer(0.3, lambda: open(gate, "w").close())
+    t.start()
+    ex.shutdown(wait=True, cancel_futures=True)
+    t.join()
+    assert first.result(timeout=0) == 1
+    assert any(f.cancelled() for f in later)
+
+
+# ----- life cycle -----
+
+
+def test_close_join_terminate_semantics(tmp_path):
+    p = Pool(1)
+    with pytest.raises(ValueError):
+        p.join()
+    f = p.submit(pd.square, 3)
+    p.close()
+    with pytest.raises(RunnerClosedError):
+        p.submit(pd.square, 1)
+    p.join(60)
+    assert f.result(timeout=0) == 9  # work given before close() finished
+
+    p = Pool(1)
+    futs = [p.submit(pd.square, i) for i in range(50)]  # more than are sent ahead
+    p.close()
+    p.join(60)
+    assert [f.result(timeout=0) for f in futs] == [i * i for i in range(50)]
+    p.terminate()  # harmless after join
+
+    gate = str(tmp_path / "gate")
+    p = Pool(1)
+    busy = p.submit(pd.wait_for, gate, 1, 600)
+    queued = [p.submit(pd.square, i) for i in range(10)]
+    p.terminate()
+    assert busy.done() and all(f.done() for f in queued)
+    with pytest.raises((RunnerClosedError, CancelledError)):
+        busy.result(timeout=0)
+
+
+# ----- 5. per-worker context -----
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_initializer_context_and_worker_info(method):
+    with Pool(["cpu", "cpu"], initializer=pd.make_ctx, initargs=("t",), start_method=method) as p:
+        seen = p.map(pd.who, range(200))
+        lam = p.submit(lambda: context()["tag"]).result(timeout=60)
+    assert lam == "t"
+    for index, device, pid, ctx in seen:
+        assert device == "cpu" and ctx["index"] == index and ctx["pid"] == pid
+        assert ctx["tag"] == "t"
+    with pytest.raises(RuntimeError):
+        context()
+
+
+def test_lambda_initializer_under_spawn():
+    with Pool(1, initializer=lambda a: a * 2, initargs=(21,), start_method="spawn") as p:
+        assert p.submit(lambda: context()).result(timeout=60) == 42
+
+
+def test_seeds_per_worker():
+    import random
+
+    with Pool(2, seed=100) as p:
+        draws = p.map(lambda _: (context(), random.random()), range(2))
+    assert len(draws) == 2
+
+
+# ----- Ctrl-C and exit -----
+
+
+def _run_script(body: str, after: str, limit: float = 60) -> str:
+    code = f"import sys\nsys.path.insert(0, {HERE!r})\n" + textwrap.dedent(body)
+    p = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        lines = []
+        while True:
+            line = p.stdout.readline()
+            assert line, "the script ended early"
+            lines.append(line)
+            if line.strip() == after:
+                break
+        time.sleep(0.5)
+        os.killpg(p.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole group
+        rest, _ = p.communicate(timeout=limit)
+        return "".join(lines) + rest
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_ctrl_c_in_map_leaves_no_orphans_or_shared_memory(method):
+    out = _run_script(
+        f"""
+        import os, pool_defs as pd
+        from easycore.parallel import Pool
+        if __name__ == "__main__":
+            p = Pool(2, start_method={method!r}, close_timeout=300)
+            pids = [w.pid for w in p._runner._workers.procs]
+            print("pids", *pids, flush=True)
+            print("me", os.getpid(), flush=True)
+            print("started", flush=True)
+            try:
+                p.map(pd.wait_for, ["/nonexistent"] * 8)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+        """,
+        after="started",
+    )
+    assert "interrupted" in out
+    pids = [int(x) for x in out.split("pids", 1)[1].split("\n", 1)[0].split()]
+    me = out.split("me ", 1)[1].split()[0]
+    deadline = time.monotonic() + 10
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(p) for p in pids)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"ec.{me}-")]
+
+
+def test_pool_left_open_at_exit_is_stopped():
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.path.insert(0, {HERE!r})
+        import pool_defs as pd
+        from easycore.parallel import Pool
+        p = Pool(2)
+        print(p.map(pd.square, range(5)), flush=True)
+        f = p.submit(pd.wait_for, "/nonexistent", 1, 600)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "[0, 1, 4, 9, 16]" in out.stdout
+
+
+def test_torch_pool_moves_tensors():
+    torch = pytest.importorskip("torch")
+    from easycore.torch.parallel import Pool as TorchPool
+
+    with TorchPool(2, start_method="fork") as p:
+        out = p.map(lambda t: t * 2, [torch.full((1000,), float(i)) for i in range(8)])
+        f = p.submit(lambda: torch.arange(5))
+        assert torch.equal(f.result(timeout=60), torch.arange(5))
+    assert [float(t[0]) for t in out] == [2.0 * i for i in range(8)]
+
+
+def test_unpicklable_result_or_argument_raises_and_the_pool_goes_on(pool):
+    from easycore.errors import SerializationError
+
+    with pytest.raises(SerializationError):
+        pool.map(lambda x: threading.Lock(), range(3))
+    with pytest.raises(SerializationError):
+        pool.submit(pd.square, threading.Lock())
+    # an unpicklable result of a task fails that future only
+    other = pool.submit(pd.square, 5)
+    bad = pool.submit(lambda: threading.Lock())
+    with pytest.raises(SerializationError, match="not picklable"):
+        bad.result(timeout=60)
+    assert other.result(timeout=60) == 25
+    with pytest.raises(SerializationError):
+        pool.map(pd.square, [threading.Lock()])
+    assert pool.map(pd.square, range(4)) == [0, 1, 4, 9]
+    assert pool.submit(pd.square, 3).result(timeout=60) == 9
