@@ -33,7 +33,13 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-DOCS = ["README.md", "docs/config.md", "docs/paths.md", "docs/bench.md"]
+DOCS = [
+    "README.md",
+    "docs/config.md",
+    "docs/paths.md",
+    "docs/bench.md",
+    "docs/pool.md",
+]
 
 # (document, first words of the block) -> why it does not run here
 SKIP = {

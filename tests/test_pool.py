@@ -90,6 +90,30 @@ def test_feedback_input_item_exists_only_after_previous_result():
         assert len(out) == 30
 
 
+def test_input_that_waits_for_each_result_never_stalls():
+    # Item i+1 exists only once result i was taken, after the pool has learned that items are
+    # cheap (and would otherwise pull chunks of them): read one at a time, it must not wait
+    # for a chunk that cannot fill (before, the input's get timed out).
+    import queue
+
+    with Pool(2) as p:
+        assert sum(p.map(pd.square, range(20_000))) == sum(i * i for i in range(20_000))
+        released: queue.SimpleQueue = queue.SimpleQueue()
+
+        def source():
+            for i in range(50):
+                if i:
+                    released.get(timeout=10)
+                yield i
+
+        for fn in (p.imap, p.imap_unordered):
+            out = []
+            for r in fn(pd.square, source()):
+                out.append(r)
+                released.put(None)
+            assert sorted(out) == [i * i for i in range(50)]
+
+
 def test_break_out_of_imap_leaves_the_pool_usable(pool):
     got = []
     for r in pool.imap(pd.square, range(10**6)):

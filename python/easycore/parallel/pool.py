@@ -347,7 +347,11 @@ class _Feed:
                 self.current = job = chosen
             index = job.pulled
             ahead = min(job.window, job.room[0]) - (index - job.consumed)
-            size = max(1, min(job.chunksize or pool._auto_chunk(job), ahead))
+            # An iterator is read item by item unless a chunksize was asked for: a chunk would
+            # wait for items that may only come once earlier results are out (feedback inputs).
+            # The engine still packs what has been read into large messages.
+            auto = pool._auto_chunk(job) if job.seq is not None else 1
+            size = max(1, min(job.chunksize or auto, ahead))
             try:
                 if job.seq is not None:
                     items = job.seq[index : index + size]
