@@ -5,7 +5,6 @@ process or a shared-memory segment behind); nothing here asserts a duration."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ from concurrent.futures import CancelledError, Future, wait
 
 import pool_defs as pd
 import pytest
+from ctrl_c import ctrl_c_after
 from easycore.errors import RunnerClosedError, WorkerDiedError, WorkerError
 from easycore.parallel import Pool, PoolExecutor, context
 
@@ -363,26 +363,7 @@ def test_seeds_per_worker():
 
 
 def _run_script(body: str, after: str, limit: float = 60) -> str:
-    code = f"import sys\nsys.path.insert(0, {HERE!r})\n" + textwrap.dedent(body)
-    p = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        lines = []
-        while True:
-            line = p.stdout.readline()
-            assert line, "the script ended early"
-            lines.append(line)
-            if line.strip() == after:
-                break
-        time.sleep(0.5)
-        os.killpg(p.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole group
-        rest, _ = p.communicate(timeout=limit)
-        return "".join(lines) + rest
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    return ctrl_c_after(body, after, limit)
 
 
 def _gone(pid: int) -> bool:

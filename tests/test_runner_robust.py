@@ -17,6 +17,7 @@ import time
 
 import pytest
 import runner_defs as rd
+from ctrl_c import ctrl_c_after
 from easycore.common.parallel import worker_info
 from easycore.errors import (
     RunnerBusyError,
@@ -306,26 +307,7 @@ def test_runner_made_in_a_thread_that_ended_keeps_its_producers():
 
 
 def _interrupt_script(body: str, after: str, limit: float = 40) -> str:
-    code = f"import sys\nsys.path.insert(0, {HERE!r})\n" + textwrap.dedent(body)
-    p = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True
-    )
-    try:
-        lines = []
-        while True:
-            line = p.stdout.readline()
-            assert line, "the script ended early"
-            lines.append(line)
-            if line.strip() == after:
-                break
-        time.sleep(0.5)
-        os.killpg(p.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole group
-        rest, _ = p.communicate(timeout=limit)  # close_timeout is 300 s: this proves prompt
-        return "".join(lines) + rest
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+    return ctrl_c_after(body, after, limit)
 
 
 def test_ctrl_c_interrupts_a_producer_busy_in_producer_work():
