@@ -392,8 +392,10 @@ fn a_close_racing_batched_puts_loses_nothing_and_hangs_no_reader() {
                         match q.try_put_many(&batch) {
                             Ok(n) => put += n,
                             Err(CoreError::Closed) => return put,
-                            // Only tries the lock: another thread holds it now.
-                            Err(CoreError::Busy { .. }) => {}
+                            // Only tries the lock: another thread holds it now. Let the
+                            // reader have it (it sleeps on the lock; spinning here could
+                            // starve it on a busy machine).
+                            Err(CoreError::Busy { .. }) => thread::yield_now(),
                             Err(e) => panic!("{e}"),
                         }
                     }
