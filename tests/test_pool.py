@@ -15,7 +15,7 @@ from concurrent.futures import CancelledError, Future, wait
 import pool_defs as pd
 import pytest
 from ctrl_c import ctrl_c_after
-from easycore.errors import RunnerClosedError, WorkerDiedError, WorkerError
+from easycore.errors import InvalidArgument, RunnerClosedError, WorkerDiedError, WorkerError
 from easycore.parallel import Pool, PoolExecutor, context
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -344,6 +344,14 @@ def test_initializer_context_and_worker_info(method):
         assert ctx["tag"] == "t"
     with pytest.raises(RuntimeError):
         context()
+
+
+def test_devices_keyword_as_the_runners_spell_it():
+    with Pool(devices=["cpu", "cpu"]) as p:
+        assert p.devices == ["cpu", "cpu"]
+        assert sorted(p.map(lambda x: x + 1, range(5))) == [1, 2, 3, 4, 5]
+    with pytest.raises(InvalidArgument, match="not both"):
+        Pool(2, devices=["cpu"])
 
 
 def test_lambda_initializer_under_spawn():

@@ -13,6 +13,9 @@ Built-in workloads (``--workloads``):
   stamped with the item's index; the consumer reads the stamp and one byte per 4 KiB page
   (so every page is really delivered). Unit: GB/s (1e9 bytes/s) delivered to
   ``consumer_work``.
+* ``tensor_16mib``: as ``numpy_16mib`` with torch tensors made on each producer's device
+  (``--devices cuda:0`` measures a GPU producer, its device-to-host copy included). Needs
+  torch.
 * ``predictor``: the manual's torch example (``Linear(1, 3)`` + ReLU, batches of 10 ints),
   results concatenated in order. Unit: batches/s. Needs torch.
 * ``startup``: runner start-up, one call on 100 tiny items, and close. Unit: seconds.
@@ -126,8 +129,11 @@ class SquareHashHooks(SquareSumHooks):
 
 
 def _as_numpy(a: Any) -> np.ndarray:
-    """A numpy view of ``a`` (torch tensors arrive from DataLoader)."""
-    return a if isinstance(a, np.ndarray) else a.numpy()
+    """A numpy view of ``a`` (torch tensors arrive from DataLoader; a GPU producer's tensor
+    that arrives on the GPU, as DataLoader hands it over, is copied to the host first)."""
+    if isinstance(a, np.ndarray):
+        return a
+    return a.numpy() if a.device.type == "cpu" else a.cpu().numpy()
 
 
 class ArrayHooks(BaseHooks):
@@ -168,6 +174,21 @@ class ArrayHooks(BaseHooks):
     @staticmethod
     def consumer_end(cfg: Any) -> Any:
         return (cfg.count, cfg.index_sum, cfg.nbytes, cfg.bad)
+
+
+class TensorHooks(ArrayHooks):
+    """Items are ``(index, nbytes)``; producers return a fresh uint8 torch tensor made on
+    their own device (a GPU producer's result is copied to the host on the way), stamped as
+    :class:`ArrayHooks` stamps its arrays."""
+
+    @staticmethod
+    def producer_work(device: str, cfg: Any, data: Any) -> Any:
+        import torch
+
+        index, nbytes = data
+        t = torch.full((nbytes,), index % 251, dtype=torch.uint8, device=device)
+        t[:8] = torch.tensor(list(index.to_bytes(8, "little")), dtype=torch.uint8)
+        return t
 
 
 def make_net() -> Any:
@@ -408,6 +429,20 @@ for _w in (
         make_data=array_data(16 * MIB),
         expected=expected_arrays(16 * MIB),
         item_bytes=16 * MIB,
+    ),
+    Workload(
+        "tensor_16mib",
+        "16 MiB torch tensors made on the producer's device (GPU results copied to the "
+        "host), delivered to consumer_work",
+        TensorHooks,
+        ordered=False,
+        unit="GB/s",
+        items=64,
+        quick_items=8,
+        make_data=array_data(16 * MIB),
+        expected=expected_arrays(16 * MIB),
+        item_bytes=16 * MIB,
+        needs_torch=True,
     ),
     Workload(
         "predictor",

@@ -474,6 +474,8 @@ class Pool:
         processes (int or Iterable[str], optional): an int ``n`` starts ``n`` ``"cpu"``
             workers; an iterable gives one worker per device, such as ``["cuda:0", "cuda:1"]``
             (as the runners take ``devices``); default ``os.cpu_count()``.
+        devices (int or Iterable[str], optional): the runners' spelling of ``processes``
+            (give one or the other), e.g. ``Pool(devices=["cuda:0", "cuda:1"])``.
         initializer (Callable, optional): run once in each worker before any task, as
             ``initializer(*initargs)``; what it returns is that worker's :func:`context`.
         initargs (tuple): arguments of ``initializer``.
@@ -502,7 +504,12 @@ class Pool:
         window: int | None = None,
         queue_scale: float = 3.0,
         close_timeout: float = 10.0,
+        devices: int | Iterable[str] | None = None,
     ) -> None:
+        if devices is not None:
+            if processes is not None:
+                raise InvalidArgument("give processes or devices, not both")
+            processes = devices
         if processes is None:
             processes = os.cpu_count() or 1
         if isinstance(processes, int) and processes < 1:
