@@ -44,10 +44,15 @@ def main() -> None:
     }
     try:
         import loky
-
-        systems["loky"] = lambda: loky.get_reusable_executor(args.workers)
     except ImportError:
-        print("(loky is not installed: skipped)")
+        try:  # joblib vendors loky
+            from joblib.externals import loky
+        except ImportError:
+            loky = None
+    if loky is not None:
+        systems[f"loky {loky.__version__}"] = lambda: loky.get_reusable_executor(args.workers)
+    else:
+        print("(loky is not installed, nor joblib: skipped)")
     for name, make in systems.items():
         ex = make()
         try:

@@ -55,6 +55,41 @@ def test_map_family_with_functions_lambdas_and_closures(pool):
     assert pool.map(pd.square, (x for x in range(20)), chunksize=7) == [x * x for x in range(20)]
 
 
+def test_iterator_items_and_tasks_share_messages_and_stay_exact(pool):
+    # An iterator goes item by item; the results of one message are routed in bulk (runs of
+    # one job merged), with futures' results in the same messages.
+    futs = []
+    out = []
+    for i, r in enumerate(pool.imap(lambda x: x * 3, iter(range(3000)))):
+        out.append(r)
+        if i % 500 == 0:
+            futs.append(pool.submit(lambda i=i: -i))
+    assert out == [x * 3 for x in range(3000)]
+    assert [f.result(timeout=60) for f in futs] == [-i for i in range(0, 3000, 500)]
+    a = pool.imap_unordered(lambda x: x, iter(range(2000)))
+    b = pool.imap(lambda x: x + 0.5, iter(range(2000)))
+    got_a, got_b = [], []
+    for x, y in zip(a, b, strict=True):
+        got_a.append(x)
+        got_b.append(y)
+    assert sorted(got_a) == list(range(2000))
+    assert got_b == [x + 0.5 for x in range(2000)]
+
+
+def test_error_inside_a_run_of_merged_results(pool):
+    def f(x):
+        if x == 1234:
+            raise KeyError(x)
+        return x
+
+    seen = []
+    with pytest.raises(KeyError):
+        for r in pool.imap(f, iter(range(3000))):
+            seen.append(r)
+    assert seen == list(range(1234))
+    assert pool.map(f, iter(range(100))) == list(range(100))
+
+
 def test_imap_reads_a_lazy_input_bounded_in_flight():
     read = [0]
 

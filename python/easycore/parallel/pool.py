@@ -287,6 +287,9 @@ class _Job:
         self.consumed = 0  # results handed to the caller
         self.input_done = False
         self.error: BaseException | None = None
+        # Ordered jobs raise a task's error in its place: results before this input index
+        # are handed out first (as multiprocessing.Pool.imap does). 0: at once.
+        self.error_at = 0
         self.closed = False  # finished or abandoned: its input and results are dropped
         self.waiting = False
 
@@ -304,6 +307,7 @@ class _Job:
             if not ok:
                 if self.error is None:
                     self.error = engine._worker_error(value)
+                    self.error_at = index if self.ordered else 0
             elif self.ordered:
                 self.ready[index] = value  # type: ignore[index]
             else:
@@ -316,6 +320,7 @@ class _Job:
             self.input_done = True
             if self.error is None:
                 self.error = error
+            self.error_at = 0  # results still missing may never come: raise now
             self.cv.notify_all()
 
     def wake(self) -> None:
@@ -337,6 +342,28 @@ class _Feed:
 
     def __next__(self) -> tuple:
         pool = self.pool
+        job = self.current
+        # Fastest path: the next item of an iterator job read item by item (no chunksize),
+        # while no task waits and the job has room.
+        if (
+            job is not None
+            and job.it is not None
+            and job.chunksize is None
+            and not pool._tasks
+            and not job.closed
+            and not job.input_done
+            and job.pulled - job.consumed < min(job.window, job.room[0])
+        ):
+            index = job.pulled
+            try:
+                x = next(job.it)
+            except StopIteration:
+                self._ended(job)
+            except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
+                job.fail(e)
+            else:
+                job.pulled = index + 1
+                return job.jid, index, job.fn, [x], job.mode
         while True:
             job = self.current
             # Fast path: keep reading the current job while no task waits and it has room.
@@ -366,12 +393,16 @@ class _Feed:
                 continue
             job.pulled = index + len(items)  # before input_done: the caller checks both
             if len(items) < size:
-                job.input_done = True
-                job.wake()
-                pool._wake_feed()
+                self._ended(job)
                 if not items:
                     continue
             return job.jid, index, job.fn, items, job.mode
+
+    def _ended(self, job: _Job) -> None:
+        """``job``'s input is over (``job.pulled`` counts every item read)."""
+        job.input_done = True
+        job.wake()
+        self.pool._wake_feed()
 
     def _choose(self) -> Any:
         """A task item to send, or a job with room; waits for either. StopIteration at the end."""
@@ -594,8 +625,8 @@ class Pool:
                     self._call = call
                     self._n_results = 0
                     route = self._route
-                    for job, index, ok, value in call.iterate():
-                        route(job, index, ok, value)
+                    for results in call.iterate_chunks():
+                        route(results)
                     if self._closing:
                         return
                 except BaseException as e:  # noqa: BLE001 - every pending caller gets it
@@ -610,32 +641,62 @@ class Pool:
                 self._end_error = e
             self._fail_pending(RunnerClosedError("the pool was closed"))
 
-    def _route(self, jid: int, index: int, ok: bool, value: Any) -> None:
-        if jid == 0:
-            fut = self._running.pop(index, None)
-            if fut is None:
-                return
-            if self._feed_waiting:
-                self._wake_feed()  # room for another task
-            try:
-                if ok:
-                    fut.set_result(value)
-                else:
-                    fut.set_exception(engine._worker_error(value))
-            except InvalidStateError:
-                pass  # failed meanwhile by terminate()
-            return
-        job = self._jobs.get(jid)
-        if ok:
-            results, seconds = value
-            if results:
-                cost = seconds / len(results)
-                prev = self._item_cost
-                self._item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
-                self._bound_room(len(results))
-            value = results
+    def _route(self, results: list) -> None:
+        """Hands one message's results to their futures and jobs. Consecutive chunks of one
+        job are merged and delivered together (one lock and one wake-up per message, not per
+        item: an iterator input travels item by item)."""
+        jobs = self._jobs
+        run_jid = 0  # the job whose chunks are being merged (0: none)
+        run_start = 0
+        run: list = []
+        seconds = 0.0
+        count = 0
+        for jid, index, ok, value in results:
+            if jid == 0:
+                self._settle(index, ok, value)
+                continue
+            if ok:
+                out, secs = value
+                seconds += secs
+                count += len(out)
+                if jid == run_jid and index == run_start + len(run):
+                    run += out
+                    continue
+                if run_jid:
+                    self._deliver(jobs.get(run_jid), run_start, True, run)
+                run_jid, run_start, run = jid, index, out
+            else:
+                if run_jid:
+                    self._deliver(jobs.get(run_jid), run_start, True, run)
+                    run_jid = 0
+                self._deliver(jobs.get(jid), index, False, value)
+        if run_jid:
+            self._deliver(jobs.get(run_jid), run_start, True, run)
+        if count:
+            cost = seconds / count
+            prev = self._item_cost
+            self._item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
+            self._bound_room(count)
+
+    @staticmethod
+    def _deliver(job: _Job | None, index: int, ok: bool, value: Any) -> None:
         if job is not None:
             job.deliver(index, ok, value)
+
+    def _settle(self, tid: int, ok: bool, value: Any) -> None:
+        """Completes the future of submitted task ``tid``."""
+        fut = self._running.pop(tid, None)
+        if fut is None:
+            return
+        if self._feed_waiting:
+            self._wake_feed()  # room for another task
+        try:
+            if ok:
+                fut.set_result(value)
+            else:
+                fut.set_exception(engine._worker_error(value))
+        except InvalidStateError:
+            pass  # failed meanwhile by terminate()
 
     def _fail_pending(self, error: BaseException) -> None:
         """Fails every job and future not finished (the stream they travelled on is gone)."""
@@ -735,7 +796,7 @@ class Pool:
             while True:
                 with job.cv:
                     while True:
-                        if job.error is not None:
+                        if job.error is not None and job.next_index >= job.error_at:
                             raise job.error
                         if self._terminated:
                             raise RunnerClosedError("the pool was terminated")
@@ -743,7 +804,8 @@ class Pool:
                         if job.ordered:
                             got = []
                             i = job.next_index
-                            while i in ready:
+                            stop = job.error_at if job.error is not None else -1
+                            while i in ready and i != stop:
                                 chunk = ready.pop(i)  # type: ignore[call-overload]
                                 got.extend(chunk)
                                 i += len(chunk)

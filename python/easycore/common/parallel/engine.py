@@ -1325,12 +1325,22 @@ class _Call:
                 self.cond.notify_all()
 
     def iterate(self) -> Iterator[Any]:
+        chunks = self.iterate_chunks()
+        try:
+            for results in chunks:
+                yield from results
+        finally:
+            chunks.close()
+
+    def iterate_chunks(self) -> Iterator[list]:
+        """As :meth:`iterate`, one message's results (a list) at a time: for callers that
+        handle results in bulk (the pool routes whole lists to their jobs)."""
         self._start()
         finished = False
         try:
             for _first, results in self._chunks():
                 self.delivered_chunk(len(results))
-                yield from results
+                yield results
             finished = True
         except BaseException as e:
             self._fail(e)
