@@ -474,6 +474,50 @@ def test_torch_pool_moves_tensors():
     assert [float(t[0]) for t in out] == [2.0 * i for i in range(8)]
 
 
+def test_unpicklable_map_item_fails_its_own_call_only(pool):
+    from easycore.errors import SerializationError
+
+    gate = threading.Event()
+
+    def slow(x):
+        import time as t
+
+        t.sleep(0.5)
+        return x
+
+    # A future and another thread's map are in flight when a map's item cannot be pickled.
+    fut = pool.submit(slow, 7)
+    other: list = []
+    th = threading.Thread(
+        target=lambda: (gate.wait(30), other.append(pool.map(pd.square, iter(range(300)))))
+    )
+    th.start()
+    gate.set()
+    with pytest.raises(SerializationError, match="not picklable"):
+        pool.map(pd.square, iter([1, 2, threading.Lock(), 4]))
+    th.join(60)
+    assert fut.result(timeout=60) == 7
+    assert other == [[x * x for x in range(300)]]
+    assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
+
+
+def test_unpicklable_map_result_fails_its_own_call_only(pool):
+    from easycore.errors import SerializationError
+
+    def slow(x):
+        import time as t
+
+        t.sleep(0.5)
+        return x
+
+    fut = pool.submit(slow, 7)
+    with pytest.raises(SerializationError, match="not picklable") as ei:
+        pool.map(lambda x: threading.Lock() if x == 5 else x, range(10))
+    assert "_thread.lock" in str(ei.value)
+    assert fut.result(timeout=60) == 7
+    assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
+
+
 def test_unpicklable_result_or_argument_raises_and_the_pool_goes_on(pool):
     from easycore.errors import SerializationError
 

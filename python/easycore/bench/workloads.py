@@ -133,7 +133,7 @@ def _as_numpy(a: Any) -> np.ndarray:
     that arrives on the GPU, as DataLoader hands it over, is copied to the host first)."""
     if isinstance(a, np.ndarray):
         return a
-    return a.numpy() if a.device.type == "cpu" else a.cpu().numpy()
+    return np.asarray(a.numpy() if a.device.type == "cpu" else a.cpu().numpy())
 
 
 class ArrayHooks(BaseHooks):

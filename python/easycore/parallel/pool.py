@@ -233,6 +233,39 @@ def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
         return job, index, False, error_report("task", device, where, e, "hook")
 
 
+def _fix_unsendable(results: list, device: str) -> list:
+    """The results of a batch did not pickle (see the worker's ``_dumps_fixed``): each chunk
+    whose results do not pickle becomes an error report, so only its own call fails, not
+    every call and future sharing the stream."""
+    dumps = _CODEC[0].dumps
+    fixed = []
+    for r in results:
+        job, index, ok, value = r
+        if ok:
+            try:
+                dumps(value)
+            except Exception as e:  # noqa: BLE001 - reported to the chunk's call
+                out = value[0] if job else [value]
+                k = next((i for i, x in enumerate(out) if not _picklable(x)), 0)
+                err = error_report("task", device, index + k if job else None, e, "pickle_result")
+                what = wire.describe_unpicklable(out[k : k + 1])
+                err["message"] = f"the result is not picklable: {what}"
+                r = (job, index, False, err)
+        fixed.append(r)
+    return fixed
+
+
+def _picklable(x: Any) -> bool:
+    try:
+        _CODEC[0].dumps(x)
+    except Exception:  # noqa: BLE001 - any failure means no
+        return False
+    return True
+
+
+_run_item.fix_unsendable = _fix_unsendable  # type: ignore[attr-defined]
+
+
 class _TaskHooks:
     """The hooks of the pool's internal runner (mixed into a runner flavour)."""
 
@@ -246,6 +279,25 @@ class _TaskHooks:
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
+
+    _pool: Any = None  # weakref.ref to the Pool, set by it
+
+    def _drop_unsendable(self, items: list, first: int, error: Exception) -> list:
+        """One item that cannot be pickled fails its own call, not the stream that every
+        call and future of the pool shares: keeps the items that pickle."""
+        pool = self._pool() if self._pool is not None else None
+        if pool is None:
+            return super()._drop_unsendable(items, first, error)  # type: ignore[misc, no-any-return]
+        codec = self._codec()  # type: ignore[attr-defined]
+        kept = []
+        for item in items:
+            try:
+                codec.dumps(item)  # out-of-band buffers are not copied by this check
+            except Exception as e:  # noqa: BLE001 - reported to the item's call
+                pool._unsendable(item, e)
+            else:
+                kept.append(item)
+        return kept
 
 
 class _TaskRunner(_TaskHooks, engine.UnorderedRunner):
@@ -568,6 +620,7 @@ class Pool:
             close_timeout=close_timeout,
             seed=seed,
         )
+        self._runner._pool = weakref.ref(self)
         self._window = self._runner._window
         self._window_default = window is None
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
@@ -677,6 +730,20 @@ class Pool:
             prev = self._item_cost
             self._item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
             self._bound_room(count)
+
+    def _unsendable(self, item: tuple, error: Exception) -> None:
+        """Fails the call whose input chunk ``item`` could not be pickled."""
+        jid, index, _fn, arg, _mode = item
+        job = self._jobs.get(jid)
+        if job is None:
+            return
+        what = wire.describe_unpicklable(list(arg))
+        err = SerializationError(
+            f"input item {index}..{index + len(arg) - 1} of this call cannot be sent to the "
+            f"workers: {what} is not picklable"
+        )
+        err.__cause__ = error
+        job.fail(err)
 
     @staticmethod
     def _deliver(job: _Job | None, index: int, ok: bool, value: Any) -> None:

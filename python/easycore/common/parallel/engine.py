@@ -476,6 +476,16 @@ class BaseRunner(RunnerHooks):
         """How items and results are pickled (the torch flavour sends tensors out of band)."""
         return wire.Codec()
 
+    def _drop_unsendable(self, items: list, first: int, error: Exception) -> list:
+        """Called when a batch of input items cannot be pickled: returns the items to send
+        anyway (the others are dropped), or raises. A runner raises: the call fails with
+        :class:`~easycore.errors.SerializationError` naming the culprit."""
+        what = wire.describe_unpicklable(items)
+        raise SerializationError(
+            f"input item {first}..{first + len(items) - 1} cannot be sent to the producers: "
+            f"{what} is not picklable"
+        ) from error
+
     @classmethod
     def _producer_setup(cls, n_producers: int) -> Any:
         """A picklable callable ``setup(device)`` run first in each producer, or None."""
@@ -920,6 +930,7 @@ class _Call:
         self.next_batch = 0
         self.pending: tuple[int, int, Any] | None = None  # (seq, n_items, parts) unsent
         self.dispatched = 0  # items sent (under send_lock)
+        self.dropped = 0  # items read but never sent (unpicklable, dropped by the runner)
         self.delivered = 0  # items handed out (written by the receiving thread only)
         self.bytes_per_item = 0.0  # pickled input per item (last batch)
         # Results in flight (queued, being consumed, or waiting in the reorder buffer) stay
@@ -969,11 +980,14 @@ class _Call:
         read = 0
         try:
             while not self.abort:
-                room = self._window_now() - (read - self.delivered)
+                room = self._window_now() - (read - self.delivered - self.dropped)
                 if room <= 0:
                     with self.cond:
                         self.reader_waiting = True
-                        while not self.abort and self._window_now() - (read - self.delivered) <= 0:
+                        while (
+                            not self.abort
+                            and self._window_now() - (read - self.delivered - self.dropped) <= 0
+                        ):
                             self.cond.wait(_TICK)
                         self.reader_waiting = False
                     continue
@@ -1070,11 +1084,12 @@ class _Call:
         try:
             parts = self.codec.dumps((first, items))
         except Exception as e:
-            what = wire.describe_unpicklable(list(items))
-            raise SerializationError(
-                f"input item {first}..{first + len(items) - 1} cannot be sent to the producers: "
-                f"{what} is not picklable"
-            ) from e
+            kept = self.runner._drop_unsendable(list(items), first, e)
+            self.dropped += len(items) - len(kept)  # under send_lock
+            if not kept:
+                return None
+            items = kept
+            parts = self.codec.dumps((first, items))
         nb = wire.nbytes(parts)
         self.bytes_per_item = nb / len(items)
         self.stats.bytes_in += nb

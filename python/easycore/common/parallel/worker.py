@@ -92,6 +92,20 @@ class _Interrupted(BaseException):
     """Raised in a producer by the caller's interrupt signal: drop the current batch."""
 
 
+def _dumps_fixed(work: Any, codec: Any, payload: tuple, device: str) -> list | None:
+    """The batch's results did not pickle: if ``producer_work`` carries a
+    ``fix_unsendable(results, device)`` function (the pool's does), the results it returns
+    (the culprits replaced by error reports) are pickled instead; else None."""
+    fix = getattr(work, "fix_unsendable", None)
+    if fix is None:
+        return None
+    first, results, *rest = payload
+    try:
+        return codec.dumps((first, fix(results, device), *rest))  # type: ignore[no-any-return]
+    except BaseException:  # noqa: BLE001 - reported as the batch's error
+        return None
+
+
 def _seed_all(seed: int, done: set[str]) -> None:
     """Seeds ``random`` and, where they are imported, numpy and torch (each once)."""
     if "random" not in done:
@@ -349,11 +363,16 @@ def producer_main(
                 _send(out_q, codec, seq, wire.pack_kind(wire.ERROR, call), failed, alive)
                 continue
             payload = (first, results, index, busy, in_q.wait_seconds + out_q.wait_seconds)
+            pickle_error: BaseException | None = None
             try:
                 out_parts = codec.dumps(payload)
             except BaseException as e:  # noqa: BLE001
+                pickle_error = e
+                out_parts = _dumps_fixed(work, codec, payload, device)
+            if out_parts is None:
+                assert pickle_error is not None
                 what = wire.describe_unpicklable(results)
-                err = error_report("producer_work", device, first, e, "pickle_result")
+                err = error_report("producer_work", device, first, pickle_error, "pickle_result")
                 err["message"] = f"the result is not picklable: {what}"
                 _send(out_q, codec, seq, wire.pack_kind(wire.ERROR, call), err, alive)
                 continue
