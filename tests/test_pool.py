@@ -265,6 +265,28 @@ def test_submit_functions_lambdas_closures_kwargs(method):
     assert got == [49] and isinstance(errs[0], ValueError)
 
 
+def test_map_async_and_starmap_async_with_callbacks(pool):
+    got: list = []
+    errs: list = []
+    r = pool.map_async(lambda x: x * 2, iter(range(500)), callback=got.append)
+    s = pool.starmap_async(pd.add, [(i, 1) for i in range(100)])
+    bad = pool.starmap_async(
+        pd.raise_on, [(0, 1, "key"), (1, 1, "key")], error_callback=errs.append
+    )
+    assert s.get(timeout=60) == [i + 1 for i in range(100)]
+    assert r.get(timeout=60) == [x * 2 for x in range(500)]
+    with pytest.raises(KeyError):
+        bad.get(timeout=60)
+    r.wait(60)
+    bad.wait(60)
+    assert r.ready() and r.successful() and not bad.successful()
+    deadline = time.monotonic() + 30  # callbacks run just after the result is set
+    while not (got and errs) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got == [[x * 2 for x in range(500)]]
+    assert len(errs) == 1 and isinstance(errs[0], KeyError)
+
+
 def test_many_threads_submit_at_once(pool):
     results: dict[int, list[Future]] = {}
 

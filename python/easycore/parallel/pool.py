@@ -510,6 +510,29 @@ def _for_pool(e: BaseException) -> BaseException:
     return e
 
 
+def _async_result(
+    fut: Future,
+    callback: Callable[[Any], Any] | None,
+    error_callback: Callable[[BaseException], Any] | None,
+) -> AsyncResult:
+    """``fut`` as an :class:`AsyncResult`, calling ``callback`` or ``error_callback`` once
+    it is done."""
+    if callback is not None or error_callback is not None:
+
+        def done(f: Future) -> None:
+            if f.cancelled():
+                return
+            exc = f.exception()
+            if exc is None:
+                if callback is not None:
+                    callback(f.result())
+            elif error_callback is not None:
+                error_callback(exc)
+
+        fut.add_done_callback(done)
+    return AsyncResult(fut)
+
+
 class AsyncResult:
     """What :meth:`Pool.apply_async` returns, as in ``multiprocessing.pool.AsyncResult``.
 
@@ -1078,20 +1101,76 @@ class Pool:
             AsyncResult: ``get(timeout)``, ``wait``, ``ready``, ``successful``.
         """
         fut = self.submit(func, *tuple(args), **(kwds or {}))
-        if callback is not None or error_callback is not None:
+        return _async_result(fut, callback, error_callback)
 
-            def done(f: Future) -> None:
-                if f.cancelled():
-                    return
-                exc = f.exception()
-                if exc is None:
-                    if callback is not None:
-                        callback(f.result())
-                elif error_callback is not None:
-                    error_callback(exc)
+    def map_async(
+        self,
+        func: Callable,
+        iterable: Iterable[Any],
+        chunksize: int | None = None,
+        callback: Callable[[list], Any] | None = None,
+        error_callback: Callable[[BaseException], Any] | None = None,
+    ) -> AsyncResult:
+        """``multiprocessing.Pool.map_async``: :meth:`map` without waiting for it.
 
-            fut.add_done_callback(done)
-        return AsyncResult(fut)
+        The input is read lazily as for :meth:`imap`; a helper thread collects the results.
+
+        Args:
+            func (Callable): any function, lambda or closure.
+            iterable (Iterable): the arguments.
+            chunksize (int, optional): as for :meth:`imap`.
+            callback (Callable, optional): called with the list of results.
+            error_callback (Callable, optional): called with the exception instead.
+
+        Returns:
+            AsyncResult: its ``get(timeout)`` returns the list of results, in input order.
+        """
+        job = self._open_job(func, iterable, _ONE, True, chunksize)
+        return self._collect(job, callback, error_callback)
+
+    def starmap_async(
+        self,
+        func: Callable,
+        iterable: Iterable[Iterable[Any]],
+        chunksize: int | None = None,
+        callback: Callable[[list], Any] | None = None,
+        error_callback: Callable[[BaseException], Any] | None = None,
+    ) -> AsyncResult:
+        """``multiprocessing.Pool.starmap_async``: :meth:`starmap` without waiting for it.
+
+        Args:
+            func (Callable): any function, lambda or closure.
+            iterable (Iterable[Iterable]): argument tuples.
+            chunksize (int, optional): as for :meth:`imap`.
+            callback (Callable, optional): called with the list of results.
+            error_callback (Callable, optional): called with the exception instead.
+
+        Returns:
+            AsyncResult: its ``get(timeout)`` returns the list of results, in input order.
+        """
+        job = self._open_job(func, iterable, _STAR, True, chunksize)
+        return self._collect(job, callback, error_callback)
+
+    def _collect(
+        self,
+        job: _Job,
+        callback: Callable[[list], Any] | None,
+        error_callback: Callable[[BaseException], Any] | None,
+    ) -> AsyncResult:
+        fut: Future = Future()
+        fut.set_running_or_notify_cancel()
+        result = _async_result(fut, callback, error_callback)
+
+        def collect() -> None:
+            try:
+                value = list(self._results(job, None))
+            except BaseException as e:  # noqa: BLE001 - handed to get()
+                fut.set_exception(e)
+            else:
+                fut.set_result(value)
+
+        threading.Thread(target=collect, name="easycore-map-async", daemon=True).start()
+        return result
 
     def apply(
         self, func: Callable, args: Iterable[Any] = (), kwds: dict[str, Any] | None = None
