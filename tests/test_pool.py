@@ -287,6 +287,15 @@ def test_map_async_and_starmap_async_with_callbacks(pool):
     assert len(errs) == 1 and isinstance(errs[0], KeyError)
 
 
+def test_progress_bar(pool, capfd):
+    assert pool.map(pd.square, range(100), progress=True) == [x * x for x in range(100)]
+    assert sorted(pool.imap_unordered(pd.square, iter(range(30)), progress=True)) == sorted(
+        x * x for x in range(30)
+    )
+    err = capfd.readouterr().err
+    assert "100/100" in err and "30item" in err.replace(" ", "")
+
+
 def test_many_threads_submit_at_once(pool):
     results: dict[int, list[Future]] = {}
 

@@ -879,9 +879,16 @@ class Pool:
             self._jobs.pop(job.jid, None)
             self._cv.notify_all()
 
-    def _results(self, job: _Job, timeout: float | None) -> Iterator[Any]:
+    def _results(self, job: _Job, timeout: float | None, progress: bool = False) -> Iterator[Any]:
         self._check_not_service()
         deadline = None if timeout is None else time.monotonic() + timeout
+        bar = None
+        if progress:
+            import tqdm
+
+            tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
+            total = len(job.seq) if job.seq is not None else None
+            bar = tqdm.tqdm(total=total, unit="item", desc=type(self).__name__)
         try:
             while True:
                 with job.cv:
@@ -920,6 +927,8 @@ class Pool:
                 if full:  # the feed may wait for this job's room: wake it (under the lock)
                     with self._cv:
                         self._cv.notify_all()
+                if bar is not None:
+                    bar.update(len(got))
                 yield from got
         except KeyboardInterrupt:
             # Ctrl-C: stop everything, as the runners do (busy workers are interrupted).
@@ -927,6 +936,8 @@ class Pool:
             self.terminate()
             raise
         finally:
+            if bar is not None:
+                bar.close()
             self._close_job(job)
 
     def imap(
@@ -936,6 +947,7 @@ class Pool:
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
+        progress: bool = False,
     ) -> Iterator[Any]:
         """Lazily yields ``func(x)`` for each ``x`` of ``iterable``, in input order.
 
@@ -951,11 +963,14 @@ class Pool:
                 a chunksize makes the pool wait to fill each chunk from such an iterable.
             timeout (float, optional): seconds the whole iteration may take before
                 ``TimeoutError`` (the pool stays usable).
+            progress (bool): show a tqdm progress bar of the results handed out.
 
         Returns:
             Iterator: the results, in input order.
         """
-        return self._results(self._open_job(func, iterable, _ONE, True, chunksize), timeout)
+        return self._results(
+            self._open_job(func, iterable, _ONE, True, chunksize), timeout, progress
+        )
 
     def imap_unordered(
         self,
@@ -964,6 +979,7 @@ class Pool:
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
+        progress: bool = False,
     ) -> Iterator[Any]:
         """As :meth:`imap`, but yields results as they arrive.
 
@@ -972,11 +988,14 @@ class Pool:
             iterable (Iterable): the arguments.
             chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
+            progress (bool): as for :meth:`imap`.
 
         Returns:
             Iterator: the results, in completion order.
         """
-        return self._results(self._open_job(func, iterable, _ONE, False, chunksize), timeout)
+        return self._results(
+            self._open_job(func, iterable, _ONE, False, chunksize), timeout, progress
+        )
 
     def istarmap(
         self,
@@ -986,6 +1005,7 @@ class Pool:
         *,
         ordered: bool = True,
         timeout: float | None = None,
+        progress: bool = False,
     ) -> Iterator[Any]:
         """Lazily yields ``func(*args)`` for each ``args`` of ``iterable``.
 
@@ -995,11 +1015,14 @@ class Pool:
             chunksize (int, optional): as for :meth:`imap`.
             ordered (bool): in input order (default) or as results arrive.
             timeout (float, optional): as for :meth:`imap`.
+            progress (bool): as for :meth:`imap`.
 
         Returns:
             Iterator: the results.
         """
-        return self._results(self._open_job(func, iterable, _STAR, ordered, chunksize), timeout)
+        return self._results(
+            self._open_job(func, iterable, _STAR, ordered, chunksize), timeout, progress
+        )
 
     def map(
         self,
@@ -1008,6 +1031,7 @@ class Pool:
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
+        progress: bool = False,
     ) -> list[Any]:
         """``[func(x) for x in iterable]``, computed by the workers.
 
@@ -1016,11 +1040,12 @@ class Pool:
             iterable (Iterable): the arguments (read lazily, as for :meth:`imap`).
             chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
+            progress (bool): as for :meth:`imap`.
 
         Returns:
             list: the results, in input order.
         """
-        return list(self.imap(func, iterable, chunksize, timeout=timeout))
+        return list(self.imap(func, iterable, chunksize, timeout=timeout, progress=progress))
 
     def starmap(
         self,
@@ -1029,6 +1054,7 @@ class Pool:
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
+        progress: bool = False,
     ) -> list[Any]:
         """``[func(*args) for args in iterable]``, computed by the workers.
 
@@ -1037,11 +1063,12 @@ class Pool:
             iterable (Iterable[Iterable]): argument tuples.
             chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
+            progress (bool): as for :meth:`imap`.
 
         Returns:
             list: the results, in input order.
         """
-        return list(self.istarmap(func, iterable, chunksize, timeout=timeout))
+        return list(self.istarmap(func, iterable, chunksize, timeout=timeout, progress=progress))
 
     # ----- single tasks -----
 
