@@ -41,7 +41,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
 from typing import Any
 
@@ -887,7 +887,7 @@ class Pool:
             import tqdm
 
             tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
-            total = len(job.seq) if job.seq is not None else None
+            total = len(job.seq) if isinstance(job.seq, Sized) else None
             bar = tqdm.tqdm(total=total, unit="item", desc=type(self).__name__)
         try:
             while True:
