@@ -250,6 +250,8 @@ class Workload:
     compare: Callable[[Any, Any], bool] = field(default=lambda a, b: a == b)
     verify_by_fingerprint: bool = False
     """No expected value: systems' results are compared with each other's (by digest)."""
+    in_default_run: bool = True
+    """False: run only when named in ``--workloads`` (or by ``--sweep``)."""
 
     @property
     def higher_is_better(self) -> bool:
@@ -448,3 +450,48 @@ for _w in (
     ),
 ):
     register_workload(_w)
+
+
+SWEEP_SIZES = (
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    200 << 10,
+    256 << 10,
+    512 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+)
+"""Result sizes of the ``--sweep`` curve (both sides of the pool's threshold, 256 KiB)."""
+
+
+def size_name(nbytes: int) -> str:
+    """``4kib``, ``1mib``…: a size as it appears in workload names."""
+    if nbytes % MIB == 0:
+        return f"{nbytes // MIB}mib"
+    return f"{nbytes >> 10}kib"
+
+
+def sweep_workload(nbytes: int) -> Workload:
+    """The sweep's workload for results of ``nbytes``: about 256 MiB per call (at least 16
+    items, at most 20,000), an eighth of it in ``--quick``."""
+    items = max(16, min(20_000, (256 * MIB) // nbytes))
+    return Workload(
+        f"sweep_{size_name(nbytes)}",
+        f"size sweep: {size_name(nbytes)} numpy results (fresh array per item)",
+        ArrayHooks,
+        ordered=False,
+        unit="GB/s",
+        items=items,
+        quick_items=max(8, items // 8),
+        make_data=array_data(nbytes),
+        expected=expected_arrays(nbytes),
+        item_bytes=nbytes,
+        in_default_run=False,
+    )
+
+
+SWEEP = [register_workload(sweep_workload(n)).name for n in SWEEP_SIZES]
+"""The sweep's workload names, smallest first."""
