@@ -13,6 +13,9 @@ Built-in workloads (``--workloads``):
   stamped with the item's index; the consumer reads the stamp and one byte per 4 KiB page
   (so every page is really delivered). Unit: GB/s (1e9 bytes/s) delivered to
   ``consumer_work``.
+* ``numpy_16mib_shm``: as ``numpy_16mib``, but the producer fills an array from
+  ``easycore.shm.empty``, which easycore's producers place in shared memory and send by
+  reference (no copy at all); the other systems get an ordinary array.
 * ``predictor``: the manual's torch example (``Linear(1, 3)`` + ReLU, batches of 10 ints),
   results concatenated in order. Unit: batches/s. Needs torch.
 * ``startup``: runner start-up, one call on 100 tiny items, and close. Unit: seconds.
@@ -168,6 +171,22 @@ class ArrayHooks(BaseHooks):
     @staticmethod
     def consumer_end(cfg: Any) -> Any:
         return (cfg.count, cfg.index_sum, cfg.nbytes, cfg.bad)
+
+
+class ShmArrayHooks(ArrayHooks):
+    """As :class:`ArrayHooks`, but the producer fills an array from ``easycore.shm.empty``:
+    in an easycore producer it is born in the output queue's shared memory and travels by
+    reference; elsewhere (other systems) it is an ordinary array."""
+
+    @staticmethod
+    def producer_work(device: str, cfg: Any, data: Any) -> Any:
+        from easycore import shm
+
+        index, nbytes = data
+        a = shm.empty(nbytes, dtype=np.uint8)
+        a.fill(index % 251)
+        a[:8].view(np.uint64)[0] = index
+        return a
 
 
 def make_net() -> Any:
@@ -403,6 +422,18 @@ for _w in (
         "numpy_16mib",
         "16 MiB numpy results (fresh array per item), delivered to consumer_work",
         ArrayHooks,
+        ordered=False,
+        unit="GB/s",
+        items=64,
+        quick_items=8,
+        make_data=array_data(16 * MIB),
+        expected=expected_arrays(16 * MIB),
+        item_bytes=16 * MIB,
+    ),
+    Workload(
+        "numpy_16mib_shm",
+        "16 MiB numpy results filled in place from easycore.shm.empty (sent by reference)",
+        ShmArrayHooks,
         ordered=False,
         unit="GB/s",
         items=64,
