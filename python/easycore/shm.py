@@ -57,7 +57,7 @@ def empty(shape: Any, dtype: Any = float) -> np.ndarray:
     held = leases.lease(count * dt.itemsize) if count and dt.itemsize else None
     if held is None:
         return np.empty(shp, dtype=dt)
-    arr = np.frombuffer(held, dtype=dt, count=count).reshape(shp)
+    arr: np.ndarray = np.frombuffer(memoryview(held), dtype=dt, count=count).reshape(shp)
     leases.track(arr, held)
     return arr
 

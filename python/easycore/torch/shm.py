@@ -30,7 +30,7 @@ def empty(*size: Any, dtype: torch.dtype | None = None) -> torch.Tensor:
     held = leases.lease(nbytes) if nbytes else None
     if held is None:
         return torch.empty(shp, dtype=dt)
-    raw = np.frombuffer(held, dtype=np.uint8, count=nbytes)
+    raw = np.frombuffer(memoryview(held), dtype=np.uint8, count=nbytes)
     return torch.from_numpy(raw).view(dt).view(shp)
 
 
