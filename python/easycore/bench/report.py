@@ -230,10 +230,12 @@ def format_sweep(
                 continue
             med = r.median
             if med is None:
-                lines.append(f"  {size >> 10:>8} KiB  {r.system:<12} {r.status}")
+                lines.append(f"  {size >> 10:>8} KiB  {r.system:<12} {name}: {r.status}")
                 continue
+            how = "by reference" if name.endswith("_shm") else "copied once"
             lines.append(
-                f"  {size >> 10:>8} KiB  {r.system:<12} {med:7.2f} GB/s  {med / mc:5.2f}x memcpy"
+                f"  {size >> 10:>8} KiB  {r.system:<12} {how:<13} {med:7.2f} GB/s  "
+                f"{med / mc:5.2f}x memcpy"
             )
     return "\n".join(lines)
 

@@ -505,14 +505,16 @@ def size_name(nbytes: int) -> str:
     return f"{nbytes >> 10}kib"
 
 
-def sweep_workload(nbytes: int) -> Workload:
+def sweep_workload(nbytes: int, shm: bool = False) -> Workload:
     """The sweep's workload for results of ``nbytes``: about 256 MiB per call (at least 16
-    items, at most 20,000), an eighth of it in ``--quick``."""
+    items, at most 20,000), an eighth of it in ``--quick``. ``shm``: the producer fills an
+    array from ``easycore.shm.empty`` (sent by reference) instead of a fresh private one."""
     items = max(16, min(20_000, (256 * MIB) // nbytes))
+    how = "filled in place from easycore.shm.empty" if shm else "fresh array per item"
     return Workload(
-        f"sweep_{size_name(nbytes)}",
-        f"size sweep: {size_name(nbytes)} numpy results (fresh array per item)",
-        ArrayHooks,
+        f"sweep_{size_name(nbytes)}" + ("_shm" if shm else ""),
+        f"size sweep: {size_name(nbytes)} numpy results ({how})",
+        ShmArrayHooks if shm else ArrayHooks,
         ordered=False,
         unit="GB/s",
         items=items,
@@ -524,5 +526,8 @@ def sweep_workload(nbytes: int) -> Workload:
     )
 
 
-SWEEP = [register_workload(sweep_workload(n)).name for n in SWEEP_SIZES]
-"""The sweep's workload names, smallest first."""
+SWEEP = [register_workload(sweep_workload(n)).name for n in SWEEP_SIZES] + [
+    register_workload(sweep_workload(n, shm=True)).name for n in SWEEP_SIZES
+]
+"""The sweep's workload names: today's path, smallest first, then the same sizes sent by
+reference (``_shm``)."""
