@@ -22,6 +22,26 @@
 //! FREE         -> EMPTY          evicted by take() to make room under the cap, or by close();
 //!                                unlinked
 //! ```
+//! Sending by reference (a producer writes its result straight into a slot, `queue::byref`):
+//! ```text
+//! EMPTY/FREE   -> BUSY(writer)   lease (lock): take() for the writer's array, before it is
+//!                                written; the writer holds it as a `Lease` of its own
+//! BUSY(writer) -> FREE           the writer dropped its array unsent (Lease::drop, the same
+//!                                compare-and-swap as a reader's)
+//! BUSY(writer) -> BUSY(0)        send (lock): the record's reference table names the slot
+//!                                (written before `head` is published); the writer's lease
+//!                                is disarmed, so its drop frees nothing
+//! BUSY(0)      -> BUSY(reader)   claim (lock), as above; then as above to FREE
+//! BUSY(0)      -> EMPTY          the record that names it is abandoned (its writer died before
+//!                                committing, or another slot of the record was lost); repair
+//!                                or the reader discards the slots its reference table names
+//! ```
+//! A writer that dies between any two of these steps: holding its lease (BUSY(writer)), the
+//! slot is discarded by repair as any dead holder's; after the table is written but before
+//! `head` moved, the record is not in the ring and its slots are still BUSY(writer) (the
+//! hand-over comes after `head`), so the same; after `head` moved, the record is WRITING with
+//! a dead owner and repair abandons it and discards every slot its table names, whichever of
+//! BUSY(writer) and BUSY(0) each is in.
 //! Holders are party numbers of the queue (`queue::parties`), judged alive or dead by their
 //! liveness tokens. `pool_bytes` is derived (the sizes of the slots that are not EMPTY) and
 //! rebuilt by repair.
@@ -248,6 +268,11 @@ impl SlotTable {
         self.is(idx, gen)
     }
 
+    /// Whether party `p` holds slot `idx` of generation `gen` (a writer's lease is intact).
+    pub fn held_by(&self, idx: usize, gen: u64, p: u32) -> bool {
+        self.is(idx, gen) && self.slot(idx).get().1 == p
+    }
+
     /// Commit: the record in the ring now holds the slot (no lock needed: only the writer,
     /// alive, touches a slot it holds).
     pub fn hand_to_ring(&self, idx: usize) {
@@ -354,6 +379,9 @@ pub struct Lease {
     party: u32,
     /// The process that holds it: a forked child's copy of the lease frees nothing.
     pid: u32,
+    /// False once a writer's slot was sent by reference: the ring holds it now, and dropping
+    /// the lease must not touch it.
+    armed: bool,
 }
 
 impl Lease {
@@ -365,14 +393,25 @@ impl Lease {
             gen,
             party,
             pid: current_pid(),
+            armed: true,
         }
+    }
+
+    /// The slot was handed to the ring (sent by reference): dropping this frees nothing.
+    pub fn disarm(mut self) {
+        self.armed = false;
+    }
+
+    /// The slot's index and generation.
+    pub fn slot(&self) -> (usize, u64) {
+        (self.idx, self.gen)
     }
 }
 
 impl Drop for Lease {
     fn drop(&mut self) {
         // A forked child may drop copies of its parent's views: the slot stays the parent's.
-        if current_pid() != self.pid {
+        if current_pid() != self.pid || !self.armed {
             return;
         }
         // SAFETY: `at` holds the offsets of the queue header's ShmLock, closed flag and

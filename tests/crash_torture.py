@@ -39,12 +39,25 @@ def _log(fd: int, value: int) -> None:
     os.write(fd, struct.pack("<Q", value))
 
 
-def _writer(q: Queue, wid: int, log: int) -> None:
+def _part(q: Queue, seq: int, byref: bool) -> memoryview:
+    """Message ``seq``'s body: with ``byref``, built in a slot leased from the queue's pool
+    (sent by reference) when the pool has one and the body is large enough."""
+    b = body(seq)
+    if byref and len(b) >= 4096:
+        lease = q.lease(len(b), timeout=2.0)
+        if lease is not None:
+            mv = memoryview(lease)
+            mv[:] = b
+            return mv
+    return b
+
+
+def _writer(q: Queue, wid: int, log: int, byref: bool = False) -> None:
     i = 0
     while True:
         seq = (wid << 24) | i
         try:
-            q.put(seq, wid & 0xFFFF, [struct.pack("<Q", seq), body(seq)], timeout=2.0)
+            q.put(seq, wid & 0xFFFF, [struct.pack("<Q", seq), _part(q, seq, byref)], timeout=2.0)
         except QueueFull:
             continue
         except QueueClosed:
@@ -84,6 +97,9 @@ class Outcome:
     dead_pids: list[int] = field(default_factory=list)
     hung: list[int] = field(default_factory=list)
     audit_error: str | None = None
+    pool_left: int | None = None
+    """Bytes of pooled segments left once everyone is gone and the queue is repaired and
+    closed (0: no slot leaked)."""
 
     @property
     def missing(self) -> set[int]:
@@ -119,10 +135,16 @@ def _read_log(path: str) -> list[int]:
 
 
 def run(
-    kills: int, writers: int = 2, readers: int = 2, seed: int = 0, victims: str = "any"
+    kills: int,
+    writers: int = 2,
+    readers: int = 2,
+    seed: int = 0,
+    victims: str = "any",
+    byref: bool = False,
 ) -> Outcome:
     """Runs the queue under ``kills`` random kills (a fifth of them SIGSTOP first) of
     ``victims`` (``"any"``, ``"writers"`` or ``"readers"``) and returns what happened.
+    With ``byref``, writers build their large bodies in leased slots (sent by reference).
     Processes killed are replaced at once; the parent reaps them only now and then, so
     survivors also meet dead-but-unreaped (zombie) lock holders."""
     rnd = random.Random(seed)
@@ -138,7 +160,7 @@ def run(
         path = os.path.join(tmp, f"{role}-{len(logs)}")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         if role == "w":
-            pid = _spawn(_writer, q, next_wid, fd)
+            pid = _spawn(_writer, q, next_wid, fd, byref)
             next_wid += 1
         else:
             pid = _spawn(_reader, q, fd)
@@ -188,6 +210,10 @@ def run(
             q.audit()
         except Exception as e:  # noqa: BLE001 - reported to the test
             out.audit_error = str(e)
+        if not out.hung:
+            q.recover()  # the dead's leases
+            q.close()  # unlinks the free slots
+            out.pool_left = q.pool_bytes()[0]
         for role, path in logs:
             entries = _read_log(path)
             if role == "w":

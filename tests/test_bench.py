@@ -522,3 +522,11 @@ def test_plot_without_matplotlib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     why = report.write_plot(str(tmp_path / "p.png"), rows, info)
     assert why is not None and "matplotlib" in why
     assert not (tmp_path / "p.png").exists()
+
+
+def test_the_sweep_covers_both_paths_and_stays_out_of_the_default_run() -> None:
+    sweep = [w for w in workloads.WORKLOADS.values() if w.name.startswith("sweep_")]
+    assert {w.item_bytes for w in sweep} == set(workloads.SWEEP_SIZES)
+    assert len(sweep) == 2 * len(workloads.SWEEP_SIZES)
+    assert not any(w.in_default_run for w in sweep)
+    assert workloads.WORKLOADS["numpy_16mib_shm"].in_default_run

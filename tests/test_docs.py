@@ -39,6 +39,7 @@ DOCS = [
     "docs/paths.md",
     "docs/bench.md",
     "docs/pool.md",
+    "docs/shm.md",
 ]
 
 # (document, first words of the block) -> why it does not run here

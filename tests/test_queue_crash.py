@@ -54,6 +54,22 @@ def test_readers_killed_at_random_leave_the_queue_consistent():
     assert len(out.missing) <= crash_torture.READ_BATCH * out.reader_kills
 
 
+def test_writers_sending_by_reference_killed_at_random_leak_no_slot():
+    # Writers lease slots, fill them and send them by reference; kills land between any two
+    # steps (holding a lease, mid hand-over, mid commit).
+    out = crash_torture.run(kills=300, victims="writers", seed=15, byref=True)
+    _check(out)
+    assert out.missing == set(), f"{len(out.missing)} acknowledged messages were lost"
+    assert out.pool_left == 0, f"{out.pool_left} bytes of pooled segments leaked"
+
+
+def test_anyone_killed_while_sending_by_reference_no_hang_no_leak():
+    out = crash_torture.run(kills=300, victims="any", seed=16, byref=True)
+    _check(out)
+    assert len(out.missing) <= crash_torture.READ_BATCH * out.reader_kills
+    assert out.pool_left == 0, f"{out.pool_left} bytes of pooled segments leaked"
+
+
 def test_the_dead_leave_nothing_named_after_a_sweep():
     out = crash_torture.run(kills=60, victims="any", seed=14)
     _check(out)

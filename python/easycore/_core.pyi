@@ -16,6 +16,7 @@ from typing_extensions import Buffer
 __all__ = [
     "Queue",
     "ShmBuffer",
+    "ShmLease",
     "ReorderBuffer",
     "FileLock",
     "sweep_stale_segments",
@@ -73,6 +74,12 @@ class Queue:
     def wait_seconds(self) -> float: ...
     @property
     def owner(self) -> str | None: ...
+    @property
+    def pool_min(self) -> int: ...
+    def lease(self, nbytes: int, timeout: float = 10.0) -> ShmLease | None:
+        """Leases ``nbytes`` of a pooled segment to build a message part in: a part of a later
+        ``put`` that lies inside it travels by reference (no copy). None when the pool has no
+        room now (never waits for room)."""
     def audit(self, timeout: float = 10.0) -> None: ...
     def pool_bytes(self) -> tuple[int, int]: ...
     def totals(self) -> tuple[int, int]: ...
@@ -105,6 +112,16 @@ class ShmBuffer:
     def __len__(self) -> int: ...
     # The buffer protocol (PyO3's ``__getbuffer__``): Python 3.12+ shows it as
     # ``__buffer__``; 3.11 has only the C slot, hence the stubtest allowlist entry.
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+@final
+class ShmLease:
+    """Memory leased from a queue's pool: writable until a ``put`` sends it by reference;
+    dropped unsent, it goes back to the pool."""
+
+    def __len__(self) -> int: ...
+    @property
+    def sent(self) -> bool: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
 
 @final

@@ -4,6 +4,7 @@
 mod buffers;
 mod errors;
 mod filelock;
+mod lease;
 mod queue;
 mod reorder;
 
@@ -103,6 +104,7 @@ fn exit_when_dead(owner_tag: &str, exit_code: i32) -> PyResult<()> {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<queue::PyQueue>()?;
     m.add_class::<buffers::ShmBuffer>()?;
+    m.add_class::<lease::ShmLease>()?;
     m.add_class::<reorder::PyReorderBuffer>()?;
     m.add_class::<filelock::PyFileLock>()?;
     m.add_function(wrap_pyfunction!(sweep_stale_segments, m)?)?;

@@ -11,6 +11,7 @@
 
 use super::buffers::{BorrowedParts, ShmBuffer};
 use super::errors::{make, to_py, IntoPy};
+use super::lease::{match_parts, Matched, ShmLease};
 use super::{check_timeout, deadline, expired, tick};
 use crate::error::CoreError;
 use crate::queue::{Claimed, Queue, QueueConfig, Small};
@@ -22,6 +23,8 @@ use std::time::{Duration, Instant};
 
 /// Copies up to this many bytes with the GIL held; larger ones release it.
 const GIL_COPY_LIMIT: usize = 64 << 10;
+/// Parts shorter than this are never looked up among the leases (copying them is cheaper).
+const REF_MIN: usize = 4096;
 /// `get` copies messages with at most this many bytes of body under one lock hold
 /// ([`Queue::take_small`]); a memcpy this short costs less than a second lock round trip.
 const TAKE_SMALL_LIMIT: u64 = 8 << 10;
@@ -172,6 +175,51 @@ impl PyQueue {
         result
     }
 
+    /// Puts one message whose `matched` parts lie in leases of this queue: those travel by
+    /// reference; the rest of the message is copied as usual.
+    #[allow(clippy::too_many_arguments)]
+    fn put_by_ref(
+        &self,
+        py: Python<'_>,
+        seq: u64,
+        kind: u32,
+        slices: &[&[u8]],
+        matched: Vec<Matched>,
+        block: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<bool> {
+        let mut parts = slices.to_vec();
+        for m in &matched {
+            parts[m.part] = &[];
+        }
+        let refs: Vec<_> = matched.iter().map(|m| m.entry).collect();
+        let deadline = deadline(block, timeout)?;
+        let start = Instant::now();
+        let result = loop {
+            let t = tick(deadline);
+            match py.detach(|| self.q.put_refs(seq, kind, &parts, &refs, Some(t))) {
+                Ok(()) => break Ok(true),
+                Err(CoreError::Full) => {}
+                Err(CoreError::Invalid(_)) => break Ok(false),
+                Err(e) => break Err(counted(py, e, 0)),
+            }
+            if expired(deadline) {
+                let e = make(py, "QueueFull", "the queue is full".to_string());
+                break Err(with_count(py, e, 0));
+            }
+            if let Err(e) = py.check_signals() {
+                break Err(with_count(py, e, 0));
+            }
+        };
+        self.record_wait(start);
+        if result.as_ref().is_ok_and(|&sent| sent) {
+            for m in matched {
+                m.sent();
+            }
+        }
+        result
+    }
+
     fn claim(
         &self,
         py: Python<'_>,
@@ -245,6 +293,11 @@ impl PyQueue {
             for (i, &(off, len)) in c.parts.iter().enumerate() {
                 let len = len as usize;
                 let src = self.q.part_ptr(c, i);
+                if let Some((_, buf, roff, rlen)) = c.refs.iter().find(|r| r.0 == i) {
+                    let view = ShmBuffer::new(buf.clone(), *roff as usize, *rlen as usize);
+                    parts.push(Bound::new(py, view)?.into_any());
+                    continue;
+                }
                 let obj = match (&c.side, i) {
                     (Some(seg), i) if i > 0 => {
                         Bound::new(py, ShmBuffer::new(seg.clone(), off as usize, len))?.into_any()
@@ -461,10 +514,45 @@ impl PyQueue {
         let objs = split_parts(parts)?;
         let views = BorrowedParts::new(&objs)?;
         let slices = views.slices();
-        let msgs = [(seq, kind, &slices[..])];
-        let r = self.put_all(py, &msgs, views.total(), block, timeout);
+        let matched = match_parts(self.q.name(), &slices, REF_MIN);
+        let r = if matched.is_empty() {
+            let msgs = [(seq, kind, &slices[..])];
+            self.put_all(py, &msgs, views.total(), block, timeout)
+                .map(|_| ())
+        } else {
+            match self.put_by_ref(py, seq, kind, &slices, matched, block, timeout) {
+                // A lease was lost (taken from a party judged dead): copy instead.
+                Ok(false) => {
+                    let msgs = [(seq, kind, &slices[..])];
+                    self.put_all(py, &msgs, views.total(), block, timeout)
+                        .map(|_| ())
+                }
+                r => r.map(|_| ()),
+            }
+        };
         drop(views);
-        r.map(|_| ())
+        r
+    }
+
+    /// Leases `nbytes` of a pooled shared segment of this queue to build a message part in
+    /// (see `ShmLease`), waiting at most `timeout` seconds for the queue's lock. None when
+    /// the pool has no room for it now (it never waits for room).
+    #[pyo3(signature = (nbytes, timeout = 10.0))]
+    fn lease(&self, py: Python<'_>, nbytes: usize, timeout: f64) -> PyResult<Option<ShmLease>> {
+        check_timeout(Some(timeout))?;
+        let d = Instant::now() + Duration::from_secs_f64(timeout.min(1e6));
+        let got = py.detach(|| self.q.lease_slot(nbytes as u64, Some(d)));
+        match got {
+            Ok(Some(w)) => Ok(Some(ShmLease::new(self.q.name(), nbytes, w))),
+            Ok(None) => Ok(None),
+            Err(e) => Err(to_py(py, e)),
+        }
+    }
+
+    /// Bodies of at least this many bytes travel in pooled segments when the pool has room.
+    #[getter]
+    fn pool_min(&self) -> u64 {
+        self.q.pool_min()
     }
 
     /// Puts `(seq, kind, parts)` messages in order; returns how many (all, or raises

@@ -3,7 +3,7 @@
 //! the segment may read it; who may *write* each field is written beside it.
 //!
 //! ```text
-//! Shared-memory layout, version 3 (offsets from the segment start)
+//! Shared-memory layout, version 4 (offsets from the segment start)
 //! [0, 4096)                    Header: magic "easyqueu", version, owner identity, sizes, the
 //!                              lock, positions, counters, wake words, the party table and
 //!                              the slot table (crate::slots)
@@ -14,6 +14,12 @@
 //!              side record:  the side segment's name (name_len bytes); the side segment holds
 //!                            the same body layout from its offset 0
 //!              slot record:  no body; `slot`/`slot_gen` name the pooled segment holding it
+//!   refs (FLAG_REFS, with any of the above): the last `refs_bytes(n)` bytes of the record
+//!              are its reference table, n = flags >> 16 entries of 32 bytes
+//!              (part u32, slot u32, slot_gen u64, offset u64, len u64), written under the
+//!              lock before `head` is published: part `part` of the message is not in the
+//!              body (its length there is 0) but `len` bytes at `offset` of the pooled slot
+//!              `slot` (sent by reference, crate::slots)
 //! A record that would not fit before the end of the ring is preceded by a PAD record filling
 //! the rest of the ring.
 //! ```
@@ -26,7 +32,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// "easyqueu" in ASCII.
 pub const MAGIC: u64 = 0x6561_7379_7175_6575;
 /// Layout version; bumped on any change of the shared layout.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 pub(crate) const HEADER_BYTES: usize = 4096;
 pub(crate) const ALIGN: u64 = 64;
 pub(crate) const REC_BYTES: u64 = 64;
@@ -51,6 +57,78 @@ pub(crate) const ST_ABANDONED: u32 = 6;
 pub(crate) const FLAG_SIDE: u32 = 1;
 /// The body is in a pooled side segment: slot `slot`, generation `slot_gen` ([`crate::slots`]).
 pub(crate) const FLAG_SLOT: u32 = 2;
+
+/// Some parts travel by reference in pooled slots: the record ends with its reference table
+/// of `flags >> REFS_SHIFT` entries ([`RefEntry`]).
+pub(crate) const FLAG_REFS: u32 = 4;
+/// The count of reference entries sits in the high bits of `flags`.
+pub(crate) const REFS_SHIFT: u32 = 16;
+/// Most parts one message may send by reference (the rest are copied).
+pub const MAX_REFS: usize = 64;
+
+/// One entry of a record's reference table: part `part` of the message is `len` bytes at
+/// `offset` in pooled slot `slot` of generation `gen`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RefEntry {
+    pub part: u32,
+    pub slot: u32,
+    pub gen: u64,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// Bytes of a reference table of `n` entries (32 bytes each, padded to 64).
+pub(crate) fn refs_bytes(n: usize) -> u64 {
+    align_up(n as u64 * 32, ALIGN)
+}
+
+/// Entries in a record's reference table (0 for records without FLAG_REFS).
+pub(crate) fn refs_count(rec: &RecordHeader) -> usize {
+    let flags = rec.flags.load(Ordering::Relaxed);
+    if flags & FLAG_REFS == 0 {
+        0
+    } else {
+        ((flags >> REFS_SHIFT) as usize).min(MAX_REFS)
+    }
+}
+
+/// Writes a reference table at `at`.
+///
+/// # Safety
+/// `at` must point at `refs_bytes(refs.len())` writable bytes that no one else touches.
+pub(crate) unsafe fn write_refs(at: *mut u8, refs: &[RefEntry]) {
+    for (k, r) in refs.iter().enumerate() {
+        let w = [
+            u64::from(r.part) | (u64::from(r.slot) << 32),
+            r.gen,
+            r.offset,
+            r.len,
+        ];
+        // SAFETY: entry k lies inside the table (caller's contract).
+        unsafe { std::ptr::copy_nonoverlapping(w.as_ptr() as *const u8, at.add(k * 32), 32) };
+    }
+}
+
+/// Reads a reference table of `n` entries at `at`.
+///
+/// # Safety
+/// `at` must point at `refs_bytes(n)` readable bytes.
+pub(crate) unsafe fn read_refs(at: *const u8, n: usize) -> Vec<RefEntry> {
+    (0..n)
+        .map(|k| {
+            let mut w = [0u64; 4];
+            // SAFETY: entry k lies inside the table (caller's contract).
+            unsafe { std::ptr::copy_nonoverlapping(at.add(k * 32), w.as_mut_ptr() as *mut u8, 32) };
+            RefEntry {
+                part: w[0] as u32,
+                slot: (w[0] >> 32) as u32,
+                gen: w[1],
+                offset: w[2],
+                len: w[3],
+            }
+        })
+        .collect()
+}
 
 /// One word on its own cache lines, so that writers and readers do not false-share.
 #[repr(C, align(128))]
@@ -131,6 +209,7 @@ pub(crate) struct RecordHeader {
     pub size: AtomicU64,
     /// bytes of body: inline, after the header; side, the side segment's length
     pub body_len: AtomicU64,
+    /// FLAG_* bits; with FLAG_REFS, the reference table's length in the bits from REFS_SHIFT.
     pub flags: AtomicU32,
     /// side records: length of the side segment's name stored after the header
     pub name_len: AtomicU32,

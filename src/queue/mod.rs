@@ -19,8 +19,12 @@
 //! reusable *slots* ([`crate::slots`]), or, when the pool has none to give, are made for the
 //! one message (*one-shot*) and unlinked by the reader.
 //!
+//! A writer may also *lease* a slot, fill it in place and send it by reference (`byref`): the
+//! record's reference table names the slot, and no byte of it is copied.
+//!
 //! Files: [`layout`] (the shared layout), [`parties`] (who uses the queue), `write` (reserve,
-//! fill, commit), `read` (claim, take, release), `recover` (the crash model and repair).
+//! fill, commit), `read` (claim, take, release), `byref` (leased slots sent by reference),
+//! `recover` (the crash model and repair).
 //!
 //! # Crash model
 //! Any process may die (or stop) between any two instructions. The lock ([`ShmLock`]) holds a
@@ -36,6 +40,9 @@
 //! call only when someone is asleep (one waiter per committed message; every writer when
 //! space is freed).
 
+mod byref;
+#[cfg(test)]
+mod byref_tests;
 pub mod layout;
 pub mod parties;
 mod read;
@@ -57,7 +64,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use layout::body_len;
+pub use byref::WriterSlot;
+pub use layout::{body_len, RefEntry, MAX_REFS};
 pub use read::{Claimed, Small, SMALL_PARTS};
 pub use write::PUT_BATCH;
 
@@ -369,12 +377,17 @@ impl Queue {
     }
 
     /// Where a [`crate::slots::Lease`] finds the lock, the closed flag and the slot table.
-    fn table_at() -> TableAt {
+    pub(crate) fn table_at() -> TableAt {
         TableAt {
             lock: std::mem::offset_of!(Header, lock),
             closed: std::mem::offset_of!(Header, closed),
             table: std::mem::offset_of!(Header, slots),
         }
+    }
+
+    /// Bodies of at least this many bytes travel in pooled slots when one can be had.
+    pub fn pool_min(&self) -> u64 {
+        self.hdr().pool_min.load(Ordering::Relaxed)
     }
 
     /// Bytes of pooled side segments that exist now, and the most the pool may keep.

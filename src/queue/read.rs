@@ -29,6 +29,8 @@ pub struct Claimed {
     /// The side segment of a large message (a leased slot, or a one-shot segment already
     /// unlinked); zero-copy views keep it alive.
     pub side: Option<Arc<SideBuf>>,
+    /// Parts sent by reference: (part index, the slot's buffer with its lease, offset, len).
+    pub refs: Vec<(usize, Arc<SideBuf>, u64, u64)>,
     /// The record's body length (checked against the ring or the side segment).
     body: u64,
     released: bool,
@@ -51,6 +53,8 @@ pub enum Small<R> {
 enum SideRef {
     OneShot(String),
     Slot(usize, u64),
+    /// A part sent by reference.
+    Ref(RefEntry),
 }
 
 /// The slot (index, generation) of a slot record.
@@ -100,15 +104,29 @@ impl Queue {
                             ST_ABANDONED => locked_sub(&h.pending, 1),
                             ST_READY => {
                                 let flags = rec.flags.load(Ordering::Relaxed);
+                                let refs = self.refs_of(read, rec);
+                                let lost = (flags & FLAG_SLOT != 0 && {
+                                    let (idx, gen) = slot_of(rec);
+                                    !h.slots.holds(idx, gen)
+                                }) || refs
+                                    .iter()
+                                    .any(|r| !h.slots.holds(r.slot as usize, r.gen))
+                                    || refs.len() != refs_count(rec);
+                                if lost {
+                                    // A slot of it was lost (a writer's failure): skip it,
+                                    // and discard the slots it still names.
+                                    self.discard_refs(read, rec);
+                                    rec.state.store(ST_ABANDONED, Ordering::Release);
+                                    locked_sub(&h.pending, 1);
+                                    read += size;
+                                    continue;
+                                }
+                                for r in refs {
+                                    h.slots.hand_to(r.slot as usize, r.gen, me);
+                                    sides.push((out.len(), SideRef::Ref(r)));
+                                }
                                 if flags & FLAG_SLOT != 0 {
                                     let (idx, gen) = slot_of(rec);
-                                    if !h.slots.holds(idx, gen) {
-                                        // Its slot was lost (a writer's failure): skip it.
-                                        rec.state.store(ST_ABANDONED, Ordering::Release);
-                                        locked_sub(&h.pending, 1);
-                                        read += size;
-                                        continue;
-                                    }
                                     h.slots.hand_to(idx, gen, me);
                                     sides.push((out.len(), SideRef::Slot(idx, gen)));
                                 } else if flags & FLAG_SIDE != 0 {
@@ -243,6 +261,7 @@ impl Queue {
             kind: rec.kind.load(Ordering::Relaxed),
             parts: Vec::with_capacity(nparts.min(1024)),
             side: None,
+            refs: Vec::new(),
             body: rec.body_len.load(Ordering::Relaxed),
             released: false,
         }
@@ -278,6 +297,36 @@ impl Queue {
                         err.get_or_insert(e);
                     }
                 },
+                SideRef::Ref(r) => {
+                    let (idx, gen) = (r.slot as usize, r.gen);
+                    let t = Taken {
+                        idx,
+                        gen,
+                        size: 0,
+                        fresh: false,
+                    };
+                    match self.maps.get(self.name(), t) {
+                        Ok(seg)
+                            if r.offset
+                                .checked_add(r.len)
+                                .is_some_and(|e| e <= seg.len() as u64) =>
+                        {
+                            let buf = self.lease(idx, gen, seg, me);
+                            out[i].refs.push((r.part as usize, buf, r.offset, r.len));
+                        }
+                        other => {
+                            if let Ok(_g) = self.lock_until(None) {
+                                self.hdr().slots.discard(self.name(), idx, gen);
+                            }
+                            err.get_or_insert(other.err().unwrap_or_else(|| {
+                                CoreError::BadSegment(format!(
+                                    "{}: a part sent by reference lies outside its slot",
+                                    self.name()
+                                ))
+                            }));
+                        }
+                    }
+                }
                 SideRef::Slot(idx, gen) => {
                     let t = Taken {
                         idx,
@@ -314,9 +363,12 @@ impl Queue {
             } else {
                 None
             };
+            let refs_ok = table
+                .as_ref()
+                .is_some_and(|t| c.refs.iter().all(|r| r.0 < t.len() && t[r.0].1 == 0));
             match table {
-                Some(t) => c.parts = t,
-                None => {
+                Some(t) if refs_ok => c.parts = t,
+                _ => {
                     err.get_or_insert(CoreError::BadSegment(format!(
                         "{}: message {} has a corrupt part table",
                         self.name(),

@@ -9,6 +9,9 @@
 //! | a writer, after `head` moved, before the counters | counters one short | counters are rebuilt from the records |
 //! | a writer, on an empty ring's restart (3 stores) | `tail` (or `read`) ahead of `head` | positions evened out: `read = max(read, tail)`, `head = max(head, read)` |
 //! | a writer, copying (record WRITING) | a record that never commits | marked ABANDONED; its one-shot segment unlinked, its slot discarded |
+//! | a writer, sending by reference, before `head` moved | slots BUSY(dead writer), not in the ring | discarded (dead holder) |
+//! | a writer, sending by reference, after `head` moved | a WRITING record whose table names slots BUSY(0) or BUSY(dead) | marked ABANDONED; every slot its table names discarded |
+//! | a writer, holding a leased slot it has not sent | a slot BUSY with a dead holder | slot discarded, its segment unlinked |
 //! | a reader, in `claim` before `read` is stored | records READING at or after `read` | given back as READY (nobody received them) |
 //! | a reader, in `take_small`'s copy | its record READING at `read` | given back as READY |
 //! | a reader, after its claim (record READING before `read`) | a message delivered to a dead process | marked ABANDONED (the reader had it) |
@@ -81,6 +84,9 @@ impl Queue {
                     let (idx, gen) = slot_of(rec);
                     h.slots.hand_to(idx, gen, 0);
                 }
+                for r in self.refs_of(pos, rec) {
+                    h.slots.hand_to(r.slot as usize, r.gen, 0);
+                }
                 found += 1;
             } else if (st == ST_WRITING || st == ST_READING) && owner_dead {
                 let flags = rec.flags.load(Ordering::Relaxed);
@@ -91,6 +97,10 @@ impl Queue {
                     // with the slot repair below, by its holder).
                     let (idx, gen) = slot_of(rec);
                     h.slots.discard(self.name(), idx, gen);
+                }
+                if st == ST_WRITING {
+                    // Its slots sent by reference: BUSY(0) or still BUSY(dead writer).
+                    self.discard_refs(pos, rec);
                 }
                 rec.state.store(ST_ABANDONED, Ordering::Release);
                 found += 1;

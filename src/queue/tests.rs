@@ -524,7 +524,7 @@ fn record_of_a_dead_writer_is_abandoned_and_skipped() {
         let _g = q.lock_until(None).unwrap();
         let ghost = h.parties.register_ghost();
         // Pretend a process that no longer exists is writing it.
-        let r = q.try_reserve(h, ghost, 1, 0, 0, 0).unwrap();
+        let r = q.try_reserve(h, ghost, 1, 0, 0, 0, &[]).unwrap();
         assert_eq!(q.rec(r.pos).owner.load(Ordering::Relaxed), ghost);
     }
     q.put(2, 0, &[b"ok"], None).unwrap();
@@ -754,7 +754,7 @@ fn a_full_party_table_adopts_a_dead_entry() {
     let h = q.hdr();
     {
         let g1 = h.lock.0.try_lock(1).unwrap();
-        let r = q.try_reserve(h, 1, 9, 0, 0, 0).unwrap();
+        let r = q.try_reserve(h, 1, 9, 0, 0, 0, &[]).unwrap();
         assert_eq!(q.rec(r.pos).owner.load(Ordering::Relaxed), 1);
         drop(g1);
     }

@@ -28,7 +28,8 @@ pub(super) struct Reservation {
 
 impl Queue {
     /// Reserves room for one message under the lock (held by party `me`); `None` when it does
-    /// not fit yet.
+    /// not fit yet. `refs`: the parts sent by reference (their table ends the record).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn try_reserve(
         &self,
         h: &Header,
@@ -37,6 +38,7 @@ impl Queue {
         kind: u32,
         nparts: u32,
         body: u64,
+        refs: &[RefEntry],
     ) -> Option<Reservation> {
         if h.n_msgs.load(Ordering::Relaxed) >= h.max_msgs.load(Ordering::Relaxed) {
             self.advance_tail(h);
@@ -60,11 +62,17 @@ impl Queue {
             let owner = self.owner()?;
             side = Some(SideTo::OneShot(crate::shm::new_name_for(owner), body));
         }
-        let need = match &side {
-            None => inline_need,
-            Some(SideTo::Slot(_)) => REC_BYTES,
-            Some(SideTo::OneShot(name, _)) => align_up(REC_BYTES + name.len() as u64, ALIGN),
+        let table = if refs.is_empty() {
+            0
+        } else {
+            refs_bytes(refs.len())
         };
+        let need = table
+            + match &side {
+                None => inline_need,
+                Some(SideTo::Slot(_)) => REC_BYTES,
+                Some(SideTo::OneShot(name, _)) => align_up(REC_BYTES + name.len() as u64, ALIGN),
+            };
         let r = self.ring_size;
         let mut head = h.head.load(Ordering::Relaxed);
         let mut tail = h.tail.load(Ordering::Relaxed);
@@ -129,9 +137,29 @@ impl Queue {
                 rec.flags.store(FLAG_SIDE, Ordering::Relaxed);
             }
         }
+        if !refs.is_empty() {
+            // SAFETY: the last `table` bytes of the record's `need` are reserved for us.
+            unsafe {
+                write_refs(
+                    self.body_ptr(head).add((need - table - REC_BYTES) as usize),
+                    refs,
+                )
+            };
+            let flags = rec.flags.load(Ordering::Relaxed);
+            rec.flags.store(
+                flags | FLAG_REFS | ((refs.len() as u32) << REFS_SHIFT),
+                Ordering::Relaxed,
+            );
+        }
         // Publish the reservation: a death before this store leaves nothing reserved. The
         // counters after it are derived and rebuilt by repair if we die here.
         h.head.store(head + need, Ordering::Release);
+        // The referenced slots pass to the ring (BUSY(me) -> BUSY(0)): a death before this
+        // leaves a WRITING record of a dead writer, whose slots repair discards whichever
+        // state each is in (crate::slots, "Sending by reference").
+        for r in refs {
+            h.slots.hand_to_ring(r.slot as usize);
+        }
         if side.is_some() {
             locked_add(&h.side_bytes, body);
         }
@@ -142,7 +170,7 @@ impl Queue {
 
     /// Writes the parts of a reserved message and commits it (or abandons it on error).
     /// Returns whether it committed.
-    fn fill_and_commit(&self, res: Reservation, parts: &[&[u8]]) -> Result<()> {
+    pub(super) fn fill_and_commit(&self, res: Reservation, parts: &[&[u8]]) -> Result<()> {
         let rec = self.rec(res.pos);
         let h = self.hdr();
         let outcome = match &res.side {
@@ -175,6 +203,12 @@ impl Queue {
                 })
             }
         };
+        if outcome.is_err() && refs_count(rec) > 0 {
+            // Abandoned: the slots it sends by reference go with it.
+            if let Ok(_g) = self.lock_until(None) {
+                self.discard_refs(res.pos, rec);
+            }
+        }
         rec.state.store(
             if outcome.is_ok() {
                 ST_READY
@@ -280,7 +314,8 @@ impl Queue {
                 return Err(CoreError::Closed);
             }
             for (slot, (seq, kind, parts)) in batch.iter_mut().zip(msgs) {
-                match self.try_reserve(h, me, *seq, *kind, parts.len() as u32, body_len(parts)) {
+                let (np, body) = (parts.len() as u32, body_len(parts));
+                match self.try_reserve(h, me, *seq, *kind, np, body, &[]) {
                     Some(r) => *slot = Some(r),
                     None => break,
                 }

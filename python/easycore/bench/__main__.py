@@ -5,6 +5,7 @@ Examples::
     python -m easycore.bench --quick
     python -m easycore.bench --workloads tiny_ordered,numpy_16mib --systems easycore,reference
     python -m easycore.bench --devices cpu,cpu,cuda:0 --json out.json --plot out.png
+    python -m easycore.bench --sweep          # cost per byte from 4 KiB to 64 MiB results
     python -m easycore.bench --runner mypkg.jobs:MyRunner --data mypkg.jobs:make_data
 
 See ``docs/bench.md`` for what every number means.
@@ -26,7 +27,7 @@ try:
     from easycore.bench import report
     from easycore.bench.report import Row
     from easycore.bench.systems import SYSTEMS, CellSpec, Job, System, run_cell
-    from easycore.bench.workloads import WORKLOADS, Workload, torch_available
+    from easycore.bench.workloads import SWEEP, WORKLOADS, Workload, torch_available
 except ModuleNotFoundError as e:  # the workloads' arrays need numpy: an extra
     if e.name != "numpy":
         raise
@@ -157,6 +158,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument(
         "--timeout", type=float, help="seconds per system and workload (default 600, quick 60)"
     )
+    ap.add_argument(
+        "--sweep",
+        action="store_true",
+        help="the size sweep: numpy results from 4 KiB to 64 MiB (easycore unless --systems)",
+    )
     ap.add_argument("--memcpy-mib", type=int, help="memcpy reference size (default 256)")
     ap.add_argument("--json", metavar="PATH", help="write the results as JSON")
     ap.add_argument("--plot", metavar="PATH", help="write a PNG bar chart (needs matplotlib)")
@@ -198,9 +204,14 @@ def plan(
         workloads = [user_workload(cls, resolve(args.data, "--data"))]
         systems = _pick(args.systems, SYSTEMS, DEFAULT_USER_SYSTEMS, "systems")
         return workloads, systems, devices, cls
-    names = _pick(args.workloads, WORKLOADS, WORKLOADS, "workloads")
+    if args.sweep:
+        names = _pick(args.workloads, WORKLOADS, SWEEP, "workloads")
+        default = ["easycore"]
+    else:
+        in_default = [k for k, w in WORKLOADS.items() if w.in_default_run]
+        names = _pick(args.workloads, WORKLOADS, in_default, "workloads")
+        default = [k for k, s in SYSTEMS.items() if s.in_default_run]
     workloads = [WORKLOADS[n] for n in names]
-    default = [k for k, s in SYSTEMS.items() if s.in_default_run]
     systems = _pick(args.systems, SYSTEMS, default, "systems")
     return workloads, systems, devices, None
 
@@ -370,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:
         for w in WORKLOADS.values():
-            print(f"workload {w.name:<16} {w.unit:<10} {w.title}")
+            note = "" if w.in_default_run else " (only when named, or --sweep)"
+            print(f"workload {w.name:<16} {w.unit:<10} {w.title}{note}")
         for key, s in SYSTEMS.items():
             note = "" if s.in_default_run else " (only when named in --systems)"
             print(f"system   {key:<20} {describe(s)}{note}")
@@ -385,6 +397,8 @@ def main(argv: list[str] | None = None) -> int:
     machine = report.machine_info()
     info = workload_info(workloads, rows)
     print(report.format_table(rows, info, machine, settings))
+    if args.sweep:
+        print(report.format_sweep(rows, info, settings))
     if interrupted:
         print("interrupted: the table shows what was measured before Ctrl-C")
     if args.json:

@@ -216,6 +216,30 @@ def format_table(
     return "\n".join(lines)
 
 
+def format_sweep(
+    rows: list[Row], workloads: dict[str, dict[str, Any]], settings: dict[str, Any]
+) -> str:
+    """The size sweep as a curve: per result size and system, the median GB/s and its ratio
+    to the memcpy reference measured in the same run."""
+    mc = settings["memcpy_gbps"]
+    lines = ["", f"size sweep (median GB/s and x memcpy at {mc:.2f} GB/s)"]
+    for name, wl in workloads.items():
+        size = wl.get("item_bytes") or 0
+        for r in rows:
+            if r.workload != name or r.status == "reference":
+                continue
+            med = r.median
+            if med is None:
+                lines.append(f"  {size >> 10:>8} KiB  {r.system:<12} {name}: {r.status}")
+                continue
+            how = "by reference" if name.endswith("_shm") else "copied once"
+            lines.append(
+                f"  {size >> 10:>8} KiB  {r.system:<12} {how:<13} {med:7.2f} GB/s  "
+                f"{med / mc:5.2f}x memcpy"
+            )
+    return "\n".join(lines)
+
+
 def _what(unit: str) -> str:
     return "batches" if unit == "batches/s" else "items"
 

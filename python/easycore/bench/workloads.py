@@ -16,6 +16,9 @@ Built-in workloads (``--workloads``):
 * ``tensor_16mib``: as ``numpy_16mib`` with torch tensors made on each producer's device
   (``--devices cuda:0`` measures a GPU producer, its device-to-host copy included). Needs
   torch.
+* ``numpy_16mib_shm``: as ``numpy_16mib``, but the producer fills an array from
+  ``easycore.shm.empty``, which easycore's producers place in shared memory and send by
+  reference (no copy at all); the other systems get an ordinary array.
 * ``predictor``: the manual's torch example (``Linear(1, 3)`` + ReLU, batches of 10 ints),
   results concatenated in order. Unit: batches/s. Needs torch.
 * ``startup``: runner start-up, one call on 100 tiny items, and close. Unit: seconds.
@@ -191,6 +194,22 @@ class TensorHooks(ArrayHooks):
         return t
 
 
+class ShmArrayHooks(ArrayHooks):
+    """As :class:`ArrayHooks`, but the producer fills an array from ``easycore.shm.empty``:
+    in an easycore producer it is born in the output queue's shared memory and travels by
+    reference; elsewhere (other systems) it is an ordinary array."""
+
+    @staticmethod
+    def producer_work(device: str, cfg: Any, data: Any) -> Any:
+        from easycore import shm
+
+        index, nbytes = data
+        a = shm.empty(nbytes, dtype=np.uint8)
+        a.fill(index % 251)
+        a[:8].view(np.uint64)[0] = index
+        return a
+
+
 def make_net() -> Any:
     """The manual's network: ``Linear(1, 3)`` then ReLU, seeded so every process agrees."""
     import torch
@@ -271,6 +290,8 @@ class Workload:
     compare: Callable[[Any, Any], bool] = field(default=lambda a, b: a == b)
     verify_by_fingerprint: bool = False
     """No expected value: systems' results are compared with each other's (by digest)."""
+    in_default_run: bool = True
+    """False: run only when named in ``--workloads`` (or by ``--sweep``)."""
 
     @property
     def higher_is_better(self) -> bool:
@@ -431,6 +452,18 @@ for _w in (
         item_bytes=16 * MIB,
     ),
     Workload(
+        "numpy_16mib_shm",
+        "16 MiB numpy results filled in place from easycore.shm.empty (sent by reference)",
+        ShmArrayHooks,
+        ordered=False,
+        unit="GB/s",
+        items=64,
+        quick_items=8,
+        make_data=array_data(16 * MIB),
+        expected=expected_arrays(16 * MIB),
+        item_bytes=16 * MIB,
+    ),
+    Workload(
         "tensor_16mib",
         "16 MiB torch tensors made on the producer's device (GPU results copied to the "
         "host), delivered to consumer_work",
@@ -483,3 +516,53 @@ for _w in (
     ),
 ):
     register_workload(_w)
+
+
+SWEEP_SIZES = (
+    4 << 10,
+    16 << 10,
+    64 << 10,
+    200 << 10,
+    256 << 10,
+    512 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+)
+"""Result sizes of the ``--sweep`` curve (both sides of the pool's threshold, 256 KiB)."""
+
+
+def size_name(nbytes: int) -> str:
+    """``4kib``, ``1mib``…: a size as it appears in workload names."""
+    if nbytes % MIB == 0:
+        return f"{nbytes // MIB}mib"
+    return f"{nbytes >> 10}kib"
+
+
+def sweep_workload(nbytes: int, shm: bool = False) -> Workload:
+    """The sweep's workload for results of ``nbytes``: about 256 MiB per call (at least 16
+    items, at most 20,000), an eighth of it in ``--quick``. ``shm``: the producer fills an
+    array from ``easycore.shm.empty`` (sent by reference) instead of a fresh private one."""
+    items = max(16, min(20_000, (256 * MIB) // nbytes))
+    how = "filled in place from easycore.shm.empty" if shm else "fresh array per item"
+    return Workload(
+        f"sweep_{size_name(nbytes)}" + ("_shm" if shm else ""),
+        f"size sweep: {size_name(nbytes)} numpy results ({how})",
+        ShmArrayHooks if shm else ArrayHooks,
+        ordered=False,
+        unit="GB/s",
+        items=items,
+        quick_items=max(8, items // 8),
+        make_data=array_data(nbytes),
+        expected=expected_arrays(nbytes),
+        item_bytes=nbytes,
+        in_default_run=False,
+    )
+
+
+SWEEP = [register_workload(sweep_workload(n)).name for n in SWEEP_SIZES] + [
+    register_workload(sweep_workload(n, shm=True)).name for n in SWEEP_SIZES
+]
+"""The sweep's workload names: today's path, smallest first, then the same sizes sent by
+reference (``_shm``)."""

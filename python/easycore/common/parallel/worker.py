@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from easycore._core import Queue, exit_when_dead, owner_alive
-from easycore.common.parallel import wire
+from easycore.common.parallel import leases, wire
 from easycore.errors import QueueClosed, QueueEmpty, QueueFull, SharedMemoryError
 
 _PARENT_CHECK_S = 0.5
@@ -284,6 +284,8 @@ def producer_main(
     abort_word = STATE_FIELDS * int(opts.get("n", 1))
 
     codec: wire.Codec = runner_cls._codec()
+    # easycore.shm's allocators lease from the output queue's pool in this process.
+    leases.set_target(out_q)
     if setup is not None:
         setup(device)
     try:
@@ -386,6 +388,7 @@ def producer_main(
                 _send(out_q, codec, seq, wire.pack_kind(wire.ERROR, call), err, alive)
                 continue
             del out_parts
+            leases.after_send()  # arrays sent by reference become read-only
             if not sent or not alive():
                 return
         except _Interrupted:

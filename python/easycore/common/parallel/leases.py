@@ -1,0 +1,75 @@
+"""Where arrays born in shared memory come from, in a producer: the output queue's pool.
+
+The worker names its output queue here (:func:`set_target`); the allocators
+(:mod:`easycore.shm`, :mod:`easycore.torch.shm`) lease pooled segments of it
+(:func:`lease`), and a result that lies in one travels by reference: the queue's ``put``
+hands the segment to the consumer instead of copying it. After each send the worker calls
+:func:`after_send`, which marks the arrays that were sent read-only, so that writing into a
+returned array raises instead of changing what the consumer reads.
+
+No numpy here: the worker imports this module whether or not numpy is installed.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from easycore._core import Queue, ShmLease
+
+_target: Queue | None = None
+# (the array handed out, its lease), weakly: an array dropped unsent frees its lease.
+_live: list[tuple[weakref.ref[Any], weakref.ref[ShmLease]]] = []
+
+
+def set_target(q: Queue | None) -> None:
+    """The queue whose pool the allocators lease from in this process (None: none)."""
+    global _target
+    _target = q
+    _live.clear()
+
+
+def target() -> Queue | None:
+    """The queue the allocators lease from, or None outside a producer."""
+    return _target
+
+
+def lease(nbytes: int) -> ShmLease | None:
+    """A lease of ``nbytes`` from the target queue's pool, or None when there is no target,
+    ``nbytes`` is below the pool's threshold (copying is cheaper), or the pool has no room
+    (never waits for room)."""
+    q = _target
+    if q is None or nbytes < q.pool_min or q.closed:
+        return None
+    try:
+        return q.lease(nbytes, timeout=1.0)
+    except Exception:  # noqa: BLE001 - any failure: the caller uses private memory
+        return None
+
+
+def track(obj: Any, held: ShmLease) -> None:
+    """Remembers that ``obj`` (an array or tensor) was built on ``held``, so that
+    :func:`after_send` can mark it read-only once the lease is sent."""
+    _live.append((weakref.ref(obj), weakref.ref(held)))
+
+
+def after_send() -> None:
+    """Marks the arrays whose leases were sent read-only, and forgets dropped ones."""
+    if not _live:
+        return
+    keep = []
+    for obj_ref, lease_ref in _live:
+        held = lease_ref()
+        if held is None:
+            continue
+        if not held.sent:
+            keep.append((obj_ref, lease_ref))
+            continue
+        obj = obj_ref()
+        flags = getattr(obj, "flags", None)
+        if flags is not None:
+            try:
+                flags.writeable = False
+            except (ValueError, AttributeError):
+                pass
+    _live[:] = keep

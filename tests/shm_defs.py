@@ -1,0 +1,67 @@
+"""Runners whose producers build their results with easycore.shm (module level, so spawned
+producers import them)."""
+
+from __future__ import annotations
+
+import numpy as np
+from easycore import shm
+from easycore.common.parallel import UnorderedRunner
+
+_prev: list = []  # per producer: the array returned last time
+_held: list = []  # leases a producer keeps on purpose (pool exhaustion)
+
+
+class ShmResults(UnorderedRunner):
+    """Returns a 1 MiB float32 array from shm.empty filled with the item, and whether the
+    array it returned last time was made read-only (sent by reference)."""
+
+    @staticmethod
+    def producer_work(device, cfg, i):
+        prev_ro = None
+        if _prev:
+            prev_ro = not _prev[0].flags.writeable
+            _prev.clear()
+        a = shm.empty((256, 1024), dtype=np.float32)
+        a[...] = i
+        _prev.append(a)
+        return i, a, shm.is_shared(a), prev_ro
+
+    @staticmethod
+    def consumer_init(cfg):
+        cfg.out = []
+
+    @staticmethod
+    def consumer_work(cfg, data):
+        cfg.out.append(data)
+
+    @staticmethod
+    def consumer_end(cfg):
+        return cfg.out
+
+
+class ShmViews(ShmResults):
+    """Returns the array, a strided view, a contiguous slice and the array again."""
+
+    @staticmethod
+    def producer_work(device, cfg, i):
+        a = shm.empty(1 << 18, dtype=np.int32)
+        a[:] = np.arange(a.size, dtype=np.int32) + i
+        return i, a, a[::3], a[5:], a
+
+
+class ShmHoarder(ShmResults):
+    """Keeps every 4 MiB array it allocates until one comes back private (the pool is full),
+    then returns how many were shared and the private array, filled."""
+
+    @staticmethod
+    def producer_work(device, cfg, i):
+        shared = 0
+        for _ in range(64):
+            a = shm.empty(4 << 20, dtype=np.uint8)
+            if not shm.is_shared(a):
+                break
+            _held.append(a)
+            shared += 1
+        a[:] = i % 251
+        _held.clear()
+        return i, shared, shm.is_shared(a), a

@@ -1,0 +1,179 @@
+"""Results born in shared memory (easycore.shm): sent by reference, views that outlive the
+runner, pool exhaustion, dead holders, no /dev/shm leak (the autouse fixture checks that)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import numpy as np
+import pytest
+import shm_defs as sd
+from easycore import shm
+from easycore._core import Queue
+from easycore.common.parallel import leases
+
+pytestmark = pytest.mark.timeout(120)
+
+SHM = "/dev/shm"
+
+
+@pytest.fixture(params=["fork", "spawn"])
+def start_method(request):
+    return request.param
+
+
+def test_results_from_shm_empty_arrive_by_reference(start_method):
+    with sd.ShmResults(devices=2, start_method=start_method) as r:
+        out = r(range(24))
+    assert sorted(o[0] for o in out) == list(range(24))
+    for i, a, shared, prev_ro in out:
+        assert a.shape == (256, 1024) and a.dtype == np.float32
+        assert a[0, 0] == i and a[-1, -1] == i and (a == i).all()
+        assert shared, "the producer's array was not in shared memory"
+        # The producer's previous array was sent by reference: it is read-only now.
+        assert prev_ro in (None, True)
+    assert sum(o[3] is True for o in out) >= 24 - 2
+
+
+def test_views_outlive_the_runner(start_method):
+    r = sd.ShmResults(devices=1, start_method=start_method)
+    out = r(range(6))
+    r.close()
+    del r
+    for i, a, _, _ in out:
+        assert (a == i).all()
+        a += 1  # the consumer's view is writable and its own
+        assert (a == i + 1).all()
+
+
+def test_slices_strides_and_a_second_send_keep_their_values():
+    with sd.ShmViews(devices=1, start_method="fork") as r:
+        out = r(range(4))
+    for i, a, strided, tail, again in out:
+        want = np.arange(1 << 18, dtype=np.int32) + i
+        assert (a == want).all()
+        assert (strided == want[::3]).all()
+        assert (tail == want[5:]).all()
+        assert (again == want).all()
+
+
+def test_a_full_pool_gives_private_arrays_and_never_blocks():
+    # queue_scale=0.25: an output pool of 16 MiB, which the producer fills with 4 MiB arrays.
+    with sd.ShmHoarder(devices=1, queue_scale=0.25, start_method="fork") as r:
+        out = r(range(3))
+    for i, shared, last_shared, a in out:
+        assert 0 < shared < 64
+        assert not last_shared
+        assert (a == i % 251).all()
+
+
+def test_outside_a_producer_arrays_are_ordinary():
+    a = shm.zeros((3, 4), dtype=np.int16)
+    assert not shm.is_shared(a) and a.sum() == 0 and a.shape == (3, 4)
+    assert shm.empty_like(a).dtype == np.int16
+
+
+def test_small_arrays_stay_private_and_large_ones_are_leased():
+    q = Queue(capacity_bytes=1 << 20, pool_bytes=8 << 20)
+    leases.set_target(q)
+    try:
+        assert not shm.is_shared(shm.empty(1000, dtype=np.uint8))
+        a = shm.zeros((512, 1024), dtype=np.uint8)
+        assert shm.is_shared(a) and a.sum() == 0
+        a[:] = 5
+        q.put(1, 0, [b"h", a])
+        assert a.flags.writeable
+        leases.after_send()  # what the worker does after each send
+        assert not a.flags.writeable
+        with pytest.raises(ValueError):
+            a[0, 0] = 1
+        _, _, parts = q.get()
+        got = np.frombuffer(parts[1], dtype=np.uint8)
+        assert got.ctypes.data == a.ctypes.data, "the reader's view is not the same pages"
+        assert (got == 5).all()
+        del got, parts
+        # An array dropped unsent gives its slot back: the pool does not grow.
+        before = q.pool_bytes()[0]
+        for _ in range(20):
+            b = shm.empty((512, 1024), dtype=np.uint8)
+            assert shm.is_shared(b)
+            del b
+        assert q.pool_bytes()[0] == before
+        q.audit()
+    finally:
+        leases.set_target(None)
+
+
+def _slot_files(q: Queue) -> list[str]:
+    return [n for n in os.listdir(SHM) if n.startswith(q.name.lstrip("/") + ".")]
+
+
+def test_a_dead_producer_frees_its_leases():
+    q = Queue(capacity_bytes=1 << 20, pool_bytes=16 << 20)
+    pid = os.fork()
+    if pid == 0:  # the producer: leases two slots, writes, dies holding them
+        try:
+            leases.set_target(q)
+            a = shm.empty(3 << 20, dtype=np.uint8)
+            b = shm.empty(2 << 20, dtype=np.uint8)
+            a[:] = 1
+            b[:] = 2
+            os.kill(os.getpid(), signal.SIGKILL)
+        finally:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status)
+    assert q.pool_bytes()[0] >= 5 << 20, "the child's leases should exist before repair"
+    assert len(_slot_files(q)) == 2
+    assert q.recover() >= 2
+    assert q.pool_bytes()[0] == 0
+    assert _slot_files(q) == []
+    q.audit()
+    # The queue goes on: a lease and a round trip work.
+    leases.set_target(q)
+    try:
+        a = shm.empty(1 << 20, dtype=np.uint8)
+        a[:] = 3
+        q.put(2, 0, [b"h", a])
+        _, _, parts = q.get()
+        assert (np.frombuffer(parts[1], np.uint8) == 3).all()
+    finally:
+        leases.set_target(None)
+
+
+def test_torch_tensors_from_shm_arrive_whole(start_method):
+    pytest.importorskip("torch")
+    import shm_torch_defs as td
+    import torch
+
+    with td.TensorResults(devices=2, start_method=start_method) as r:
+        out = r(range(6))
+    assert sorted(o[0] for o in out) == list(range(6))
+    for i, t, z in out:
+        assert isinstance(t, torch.Tensor) and t.shape == (512, 256)
+        assert t.dtype == (torch.bfloat16 if i % 2 else torch.float32)
+        assert bool((t == i).all()) and bool((z == 0).all())
+
+
+def test_a_torch_tensor_from_shm_is_the_readers_memory():
+    pytest.importorskip("torch")
+    import torch
+    from easycore.torch import shm as tshm
+    from easycore.torch.parallel.codec import TorchCodec
+
+    q = Queue(capacity_bytes=1 << 20, pool_bytes=8 << 20)
+    codec = TorchCodec()
+    leases.set_target(q)
+    try:
+        for dt in (torch.float32, torch.bfloat16):
+            t = tshm.empty(512, 256, dtype=dt)
+            t.fill_(3)
+            q.put(0, 0, codec.dumps((1, t)))
+            _, _, parts = q.get()
+            _, u = codec.loads(parts)
+            assert u.dtype == dt and bool((u == 3).all())
+            assert u.data_ptr() == t.data_ptr(), "the tensor was copied"
+            del u, parts
+    finally:
+        leases.set_target(None)
