@@ -7,7 +7,6 @@ import os
 import time
 
 import numpy as np
-
 from easycore.common.parallel import OrderedRunner, UnorderedRunner, worker_info
 
 

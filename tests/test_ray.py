@@ -113,10 +113,8 @@ def test_manual_examples_with_the_one_line_switch(cluster, script, switch, expec
         code = f.read()
     assert switch in code
     new = switch.replace("devices=3", 'devices="all", backend="ray"')
-    changed = [
-        a for a, b in zip(code.splitlines(), code.replace(switch, new).splitlines()) if a != b
-    ]
-    assert len(changed) == 1
+    lines = zip(code.splitlines(), code.replace(switch, new).splitlines(), strict=True)
+    assert sum(a != b for a, b in lines) == 1
     env = {
         **os.environ,
         "RAY_ADDRESS": cluster.address,
