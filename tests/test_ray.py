@@ -323,3 +323,20 @@ def test_a_runner_class_the_actors_cannot_import_is_shipped_by_value():
             assert list(runner.imap(range(5))) == [0, -1, -2, -3, -4]
     finally:
         ray.cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+
+
+def test_docs_ray_md_snippets_run(cluster, tmp_path):
+    """docs/ray.md's Python snippets, run as tests/test_docs.py runs every doc, on this
+    module's cluster (found through RAY_ADDRESS, as a user's script would)."""
+    env = {**os.environ, "RAY_ADDRESS": cluster.address, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "test_docs.py"), "docs/ray.md", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    ran, skipped, checked = map(int, proc.stdout.split()[-3:])
+    assert ran == 3 and skipped == 0, (ran, skipped)
+    assert "[0, 1, 4, 9, 16]\n[0, 1, 4, 9, 16]\n[1, 2, 3]\nNone\n4" in proc.stdout
