@@ -7,6 +7,7 @@ Examples::
     python -m easycore.bench --devices cpu,cpu,cuda:0 --json out.json --plot out.png
     python -m easycore.bench --sweep          # cost per byte from 4 KiB to 64 MiB results
     python -m easycore.bench --runner mypkg.jobs:MyRunner --data mypkg.jobs:make_data
+    python -m easycore.bench --backend ray     # Ray backend vs local runner vs ActorPool
 
 See ``docs/bench.md`` for what every number means.
 """
@@ -378,6 +379,11 @@ def main(argv: list[str] | None = None) -> int:
         0 when every result was verified, 1 when a system was wrong, failed or timed out,
         130 when interrupted (Ctrl-C); the table is printed in every case.
     """
+    argv = sys.argv[1:] if argv is None else argv
+    if "--backend" in argv or any(a.startswith("--backend=") for a in argv):
+        from easycore.bench import ray_bench  # the Ray backend's own comparison
+
+        return ray_bench.main(argv)
     args = parse_args(argv)
     if args.list:
         for w in WORKLOADS.values():

@@ -110,7 +110,8 @@ def portable(fn: Callable, start_method: str = "spawn") -> Any:
 
     Args:
         fn (Callable): the function to send to the workers.
-        start_method (str): how the workers start (under fork, ``__main__`` is inherited).
+        start_method (str): how the workers start (under fork, ``__main__`` is inherited;
+            ``"ray"``: Ray actors, which never can import the caller's ``__main__``).
 
     Returns:
         Any: a picklable object that unpickles to ``fn`` in a worker.
@@ -123,7 +124,7 @@ def portable(fn: Callable, start_method: str = "spawn") -> Any:
     by_name = not (
         getattr(fn, "__module__", None) == "__main__"
         and start_method != "fork"
-        and not _main_importable()
+        and (start_method == "ray" or not _main_importable())
     )
     if by_name:
         try:
@@ -595,6 +596,10 @@ class Pool:
             large chunks). Results waiting for their caller are also bounded by bytes.
         queue_scale (float): scales the shared-memory queues (as for the runners).
         close_timeout (float): seconds ``close()``/``join()`` leave the workers to exit.
+        backend (str or object, optional): where the workers run, as for the runners:
+            ``"ray"`` (or an ``easycore.ray.RayBackend``) makes each worker a Ray actor
+            (``processes`` then as the Ray backend's ``devices``; default ``"all"``, one
+            worker per CPU of the cluster). See docs/ray.md.
     """
 
     _runner_cls: type = _TaskRunner
@@ -611,18 +616,21 @@ class Pool:
         queue_scale: float = 3.0,
         close_timeout: float = 10.0,
         devices: int | Iterable[str] | None = None,
+        backend: Any = None,
     ) -> None:
         if devices is not None:
             if processes is not None:
                 raise InvalidArgument("give processes or devices, not both")
             processes = devices
+        remote = backend is not None and backend != "local"
         if processes is None:
-            processes = os.cpu_count() or 1
+            processes = "all" if remote else os.cpu_count() or 1
         if isinstance(processes, int) and processes < 1:
             raise InvalidArgument(f"processes must be at least 1, got {processes}")
         initargs = tuple(initargs)
         # Unless fork is asked for, assume a spawned worker (by value costs nothing under fork).
-        init = None if initializer is None else portable(initializer, start_method or "spawn")
+        how = "ray" if remote else start_method or "spawn"
+        init = None if initializer is None else portable(initializer, how)
         self._cv = threading.Condition(threading.Lock())
         self._tasks: collections.deque = collections.deque()  # (future, task id, pickle)
         self._running: dict[int, Future] = {}  # sent tasks by id
@@ -642,6 +650,7 @@ class Pool:
             window=window,
             close_timeout=close_timeout,
             seed=seed,
+            backend=backend,
         )
         self._runner._pool = weakref.ref(self)
         self._window = self._runner._window

@@ -397,6 +397,28 @@ def _unpicklable_cfg_key(cfg: Any) -> str:
     return ""
 
 
+def _remote_plan(backend: Any, devices: Any, start_method: str | None) -> Any:
+    """The seam to producers that are not local processes: None for ``backend=None`` or
+    ``"local"``, else the backend's plan for ``devices``. A plan has ``devices`` (one device
+    string per producer), ``start_method`` (a ``(name, reason)`` pair) and ``start(runner)``,
+    which returns an object with the interface of :class:`_Workers` (``in_q.put``,
+    ``out_q.get_many``/``put``, ``dead()``, ``shutdown()``…) on which :class:`_Call` runs
+    unchanged. Only ``easycore.ray`` makes plans today; it is imported here, on demand."""
+    if backend is None or backend == "local":
+        return None
+    if start_method is not None:
+        raise InvalidArgument(f"start_method cannot be given with backend={backend!r}")
+    if backend == "ray":
+        from easycore.ray import RayBackend
+
+        backend = RayBackend()
+    if not callable(getattr(backend, "plan", None)):
+        raise InvalidArgument(
+            f"backend must be None, 'local', 'ray' or an easycore.ray.RayBackend, got {backend!r}"
+        )
+    return backend.plan(devices)
+
+
 class BaseRunner(RunnerHooks):
     """A multi-process runner: one producer process per device, one consumer thread.
 
@@ -425,6 +447,10 @@ class BaseRunner(RunnerHooks):
         seed (int, optional): producer ``i`` seeds ``random``, numpy and torch (those it has
             imported) with ``seed + i`` before ``producer_init``; default: a random base, so
             producers always draw different random streams.
+        backend (str or object, optional): where the producers run. None (or ``"local"``):
+            processes on this machine. ``"ray"``, or an ``easycore.ray.RayBackend(...)``:
+            one Ray actor per device, anywhere on a Ray cluster (``pip install
+            'easycore[ray]'``; see docs/ray.md); the hooks, calls and errors are the same.
     """
 
     _ordered = False
@@ -440,15 +466,22 @@ class BaseRunner(RunnerHooks):
         window: int | None = None,
         close_timeout: float = 10.0,
         seed: int | None = None,
+        backend: Any = None,
     ) -> None:
         self._owner_pid = os.getpid()
-        self._devices = parse_devices(devices)
+        self._remote = _remote_plan(backend, devices, start_method)
+        self._devices = parse_devices(devices) if self._remote is None else self._remote.devices
         self._cfg = _to_cfg(cfg)
         if not queue_scale > 0:
             raise InvalidArgument(f"queue_scale must be positive, got {queue_scale!r}")
         self._queue_scale = float(queue_scale)
-        self._start_method = choose_start_method(start_method, self._devices)
-        self._start_reason = start_method_reason(start_method, self._devices, self._start_method)
+        if self._remote is None:
+            self._start_method = choose_start_method(start_method, self._devices)
+            self._start_reason = start_method_reason(
+                start_method, self._devices, self._start_method
+            )
+        else:
+            self._start_method, self._start_reason = self._remote.start_method
         n = len(self._devices)
         self._window = int(window) if window else max(16, int(256 * n * self._queue_scale))
         if self._window < 1:
@@ -583,6 +616,12 @@ class BaseRunner(RunnerHooks):
         self._check_owner()
         with self._lock:
             if self.is_activate:
+                return
+            if self._remote is not None:  # producers elsewhere: the same calls on its workers
+                workers = self._remote.start(self)
+                self._workers = workers
+                self._finalizer = weakref.finalize(self, workers.shutdown, self._close_timeout)
+                _LIVE.add(self)
                 return
             self._check_spawnable()
             sweep_stale_segments()

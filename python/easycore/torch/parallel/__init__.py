@@ -73,19 +73,22 @@ class BaseRunner(engine.BaseRunner):
         window: int | None = None,
         close_timeout: float = 10.0,
         seed: int | None = None,
+        backend: Any = None,
     ) -> None:
-        parsed = parse_devices(devices)
-        _check_torch_devices(parsed)
-        if start_method is None and torch.cuda.is_initialized():
-            start_method = "spawn"
+        if backend is None or backend == "local":
+            devices = parse_devices(devices)
+            _check_torch_devices(devices)
+            if start_method is None and torch.cuda.is_initialized():
+                start_method = "spawn"
         super().__init__(
-            parsed,
+            devices,
             cfg,
             queue_scale,
             start_method=start_method,
             window=window,
             close_timeout=close_timeout,
             seed=seed,
+            backend=backend,
         )
 
     @classmethod

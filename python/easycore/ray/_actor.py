@@ -1,0 +1,166 @@
+"""The producer as a Ray actor: what a producer process does (:mod:`..worker`), one batch per
+actor call instead of a loop over a shared-memory queue.
+
+Each call takes and returns a message of the engine's wire format, ``(seq, kind, parts)``,
+so the caller's :class:`~easycore.common.parallel.engine._Call` reads results and error
+reports exactly as it reads them from the local producers. Out-of-band buffers (numpy arrays,
+tensors' memory) travel as numpy ``uint8`` arrays, which Ray keeps out of band too: a large
+result is written once into the object store of the actor's node, and read there by the
+caller without a copy when it runs on the same node.
+
+This module does not import Ray: the backend wraps :class:`ProducerActor` with
+``ray.remote`` (so importing it stays cheap in the actor's process too).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from easycore.common.parallel import wire
+from easycore.common.parallel import worker as _worker
+from easycore.common.parallel.worker import WorkerInfo, error_report
+
+
+def to_ray_parts(parts: Sequence[Any]) -> list[Any]:
+    """The codec's parts in a form Ray can serialise: the pickle, then each out-of-band
+    buffer as a numpy ``uint8`` view (no copy here; Ray writes it out of band)."""
+    if len(parts) == 1:
+        return [parts[0]]
+    import numpy as np  # a dependency of Ray itself
+
+    out: list[Any] = [parts[0]]
+    for p in parts[1:]:
+        out.append(np.frombuffer(p, dtype=np.uint8))
+    return out
+
+
+def _node() -> tuple[str, str]:
+    """This process's Ray node id and IP address ("?" where Ray does not say)."""
+    try:
+        import ray
+
+        node_id = ray.get_runtime_context().get_node_id()
+        ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return str(node_id), str(ip)
+    except Exception:  # noqa: BLE001 - only used to name the actor in messages
+        return "?", "?"
+
+
+class ProducerActor:
+    """One producer: runs the runner class's producer hooks in a Ray actor.
+
+    Args:
+        runner_cls (type): the user's runner class (its static hooks are called).
+        index (int): this producer's position in the runner's ``devices``.
+        device (str): the device string passed to every hook.
+        cfg (CfgNode): this producer's copy of the runner's cfg.
+        setup (Callable, optional): ``setup(device)`` run first (the pool's initializer
+            keeper, a flavour's device setup).
+        options (dict): ``n`` (number of producers) and ``seed`` (the runner's base seed).
+    """
+
+    def __init__(
+        self,
+        runner_cls: type,
+        index: int,
+        device: str,
+        cfg: Any,
+        setup: Any,
+        options: dict[str, Any],
+    ) -> None:
+        self.runner_cls = runner_cls
+        self.index = index
+        self.device = device
+        self.cfg = cfg
+        self.setup = setup
+        self.n = int(options.get("n", 1))
+        self.seed = int(options.get("seed", 0)) + index
+        self.codec: wire.Codec = runner_cls._codec()  # type: ignore[attr-defined]
+        self.busy = 0.0
+        self.wait = 0.0
+
+    def start(self) -> tuple[int, str, str, int, list[Any]]:
+        """Runs ``setup`` and ``producer_init``.
+
+        Returns:
+            tuple: ``(pid, node_id, node_ip, kind, parts)`` where ``kind`` is ``READY`` (and
+            ``parts`` empty) or ``ERROR`` with the error report's parts.
+        """
+        pid = os.getpid()
+        node_id, ip = _node()
+        _worker._INFO = WorkerInfo(self.index, self.n, self.device, self.seed, pid)
+        seeded: set[str] = set()
+        _worker._seed_all(self.seed, seeded)
+        if not {"numpy", "torch"} <= seeded:
+            sys.meta_path.insert(0, _worker._SeedOnImport(self.seed, seeded))
+        try:
+            if self.setup is not None:
+                self.setup(self.device)
+            self.runner_cls.producer_init(self.device, self.cfg)  # type: ignore[attr-defined]
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            report = error_report("producer_init", self.device, None, e, "hook")
+            return pid, node_id, ip, wire.ERROR, to_ray_parts(self.codec.dumps(report))
+        return pid, node_id, ip, wire.READY, []
+
+    def work(self, seq: int, kind: int, parts: list[Any]) -> tuple[int, int, list[Any]]:
+        """Runs ``producer_work`` on one batch.
+
+        Args:
+            seq (int): the batch's number in its call.
+            kind (int): ``WORK`` packed with the call number.
+            parts (list): the batch ``(first_item_index, items)`` in the codec's parts.
+
+        Returns:
+            tuple: ``(seq, kind, parts)``: a ``RESULT`` message ``(first, results, index,
+            busy_s, wait_s)``, or an ``ERROR`` message with the error report.
+        """
+        t0 = time.perf_counter()
+        _, call = wire.unpack_kind(kind)
+        codec = self.codec
+        device = self.device
+
+        def error(report: dict[str, Any]) -> tuple[int, int, list[Any]]:
+            self.busy += time.perf_counter() - t0
+            return seq, wire.pack_kind(wire.ERROR, call), to_ray_parts(codec.dumps(report))
+
+        try:
+            first, items = codec.loads(parts)
+        except BaseException as e:  # noqa: BLE001
+            return error(error_report("producer_work", device, None, e, "unpickle_item"))
+        del parts
+        work = self.runner_cls.producer_work  # type: ignore[attr-defined]
+        cfg = self.cfg
+        results: list[Any] = []
+        append = results.append
+        try:
+            for item in items:
+                append(work(device, cfg, item))
+        except BaseException as e:  # noqa: BLE001
+            return error(error_report("producer_work", device, first + len(results), e, "hook"))
+        self.busy += time.perf_counter() - t0
+        try:
+            out = codec.dumps((first, results, self.index, self.busy, self.wait))
+        except BaseException as e:  # noqa: BLE001
+            what = wire.describe_unpicklable(results)
+            report = error_report("producer_work", device, first, e, "pickle_result")
+            report["message"] = f"the result is not picklable: {what}"
+            return error(report)
+        return seq, wire.pack_kind(wire.RESULT, call), to_ray_parts(out)
+
+    def stop(self) -> dict[str, Any] | None:
+        """Runs ``producer_end`` (and closes runners the hooks left open).
+
+        Returns:
+            dict or None: the error report of ``producer_end``, if it raised.
+        """
+        end_error = None
+        try:
+            self.runner_cls.producer_end(self.device, self.cfg)  # type: ignore[attr-defined]
+        except BaseException as e:  # noqa: BLE001
+            end_error = error_report("producer_end", self.device, None, e, "hook")
+        _worker._close_nested_runners()
+        return end_error

@@ -1,0 +1,577 @@
+"""The Ray backend: a runner's producers as Ray actors, behind the engine's worker interface.
+
+The engine's call (:class:`~easycore.common.parallel.engine._Call`) reads and batches the
+input, keeps the window, orders results, runs the consumer hooks, shows progress and keeps
+the statistics. It talks to its producers through an object with the interface of
+``engine._Workers``; :class:`RayWorkers` is such an object:
+
+* ``in_q.put(seq, kind, parts, block=False)`` sends one batch as one actor call
+  (``ProducerActor.work``) to the actor with the fewest calls in flight, and raises
+  ``QueueFull`` when every actor already has ``calls_in_flight`` of them;
+* each call's result (a message of the engine's wire format) arrives through a callback on
+  its ``ObjectRef`` into a local queue, ``out_q``, which the receiving thread reads with
+  ``get_many`` (the input reader's wake-ups go there too);
+* an actor call that fails because its actor died records a ``WorkerDiedError`` (actor,
+  node, pid, cause), which ``dead()`` returns: the engine then fails the call and closes the
+  runner, as for a dead process;
+* ``shutdown`` cancels calls not yet started (with ``interrupt``), runs ``producer_end`` in
+  every actor (``ProducerActor.stop``), and kills what is left.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from easycore.common.parallel import engine, wire
+from easycore.common.parallel import worker as _worker
+from easycore.errors import (
+    EasycoreError,
+    InvalidArgument,
+    QueueClosed,
+    QueueEmpty,
+    QueueFull,
+    WorkerDiedError,
+)
+from easycore.ray._actor import ProducerActor, to_ray_parts
+
+_TICK = 0.1  # seconds between checks while waiting for actors to start or stop
+_GRACE_S = 2.0  # after an interrupt, time left for producer_end before the actors are killed
+_DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+class RayBackend:
+    """Where a runner's (or a pool's) producers run: Ray actors on a Ray cluster.
+
+    Pass it as ``backend=`` to a runner or a :class:`~easycore.parallel.Pool`;
+    ``backend="ray"`` is ``RayBackend()``. Devices map to actors and their resources:
+
+    * an int ``n``, or ``"cpu"`` entries: one actor per producer with ``num_cpus=1``;
+    * ``"all"``: one such CPU actor per CPU of the cluster (counted when the runner is made);
+    * ``"cuda"`` / ``"cuda:N"``: an actor with ``num_gpus=1``, anywhere in the cluster. Ray
+      makes the actor's own GPU its only visible one, so the hooks get ``"cuda:0"``;
+    * a dict: Ray actor options for that producer (``num_cpus``, ``num_gpus``,
+      ``resources``, ``memory``, ``scheduling_strategy``, ``label_selector``…), plus an
+      optional ``"device"`` key, the string the hooks get (default ``"cuda:0"`` if the
+      dict asks for a GPU, else ``"cpu"``).
+
+    Args:
+        address (str, optional): the cluster to join if Ray is not initialised yet, as for
+            ``ray.init`` (``"auto"``: the cluster this machine belongs to; None: the
+            ``RAY_ADDRESS`` environment variable, else a new single-machine Ray).
+        actor_options (dict, optional): Ray options applied to every actor before the
+            device's own (e.g. ``{"scheduling_strategy": "SPREAD"}``, a ``runtime_env``).
+        calls_in_flight (int): actor calls (batches) sent ahead to each actor, so that it
+            never waits for the network between two batches.
+        start_timeout (float): seconds to wait for every actor to be placed and to finish
+            ``producer_init`` (an actor asking for resources the cluster lacks waits).
+        **init_kwargs: more arguments for ``ray.init`` (only used when Ray is not
+            initialised yet).
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        actor_options: dict[str, Any] | None = None,
+        calls_in_flight: int = 3,
+        start_timeout: float = 300.0,
+        **init_kwargs: Any,
+    ) -> None:
+        if calls_in_flight < 1:
+            raise InvalidArgument(f"calls_in_flight must be at least 1, got {calls_in_flight}")
+        self.address = address
+        self.actor_options = dict(actor_options or {})
+        self.calls_in_flight = int(calls_in_flight)
+        self.start_timeout = float(start_timeout)
+        self.init_kwargs = init_kwargs
+
+    def __repr__(self) -> str:
+        return f"RayBackend(address={self.address!r})"
+
+    def connect(self) -> Any:
+        """Initialises Ray if needed (joining ``address``) and returns the ``ray`` module."""
+        import ray
+
+        if not ray.is_initialized():
+            ray.init(address=self.address, **self.init_kwargs)
+        return ray
+
+    def plan(self, devices: Any) -> _Plan:
+        """The actors for ``devices`` (see the class's docstring).
+
+        Raises:
+            InvalidArgument: for a count below 1, an empty list or an unknown device.
+        """
+        if isinstance(devices, bool):
+            raise InvalidArgument(f"devices must be an int or an iterable, got {devices!r}")
+        if isinstance(devices, int):
+            if devices < 1:
+                raise InvalidArgument(f"devices must be at least 1, got {devices}")
+            devices = ["cpu"] * devices
+        elif isinstance(devices, str | dict):
+            devices = [devices]
+        try:
+            entries = list(devices)
+        except TypeError:
+            raise InvalidArgument(
+                f"devices must be an int or an iterable, got {type(devices).__name__}"
+            ) from None
+        if not entries:
+            raise InvalidArgument("devices is empty: give at least one device, e.g. ['cpu']")
+        names: list[str] = []
+        hook_devices: list[str] = []
+        options: list[dict[str, Any]] = []
+        for d in entries:
+            if d == "all":
+                n = int(self.connect().cluster_resources().get("CPU", 0))
+                if n < 1:
+                    raise InvalidArgument("devices='all': the Ray cluster has no CPUs")
+                for _ in range(n):
+                    names.append("cpu")
+                    hook_devices.append("cpu")
+                    options.append({**self.actor_options, "num_cpus": 1})
+            elif isinstance(d, str) and _DEVICE.match(d):
+                gpu = d.startswith("cuda")
+                names.append(d)
+                hook_devices.append("cuda:0" if gpu else "cpu")
+                res = {"num_gpus": 1} if gpu else {"num_cpus": 1}
+                options.append({**self.actor_options, **res})
+            elif isinstance(d, dict):
+                opts = dict(d)
+                dev = opts.pop("device", None)
+                if dev is None:
+                    dev = "cuda:0" if opts.get("num_gpus") else "cpu"
+                if not isinstance(dev, str):
+                    raise InvalidArgument(f"'device' must be a str, got {dev!r}")
+                names.append(dev)
+                hook_devices.append(dev)
+                options.append({**self.actor_options, **opts})
+            else:
+                raise InvalidArgument(
+                    f"unknown device {d!r} for the Ray backend: use an int, 'cpu', 'cuda', "
+                    "'cuda:N', 'all', or a dict of Ray actor options"
+                )
+        return _Plan(self, names, hook_devices, options)
+
+
+@dataclass
+class _Plan:
+    """The actors of one runner: what :func:`engine._remote_plan` returns."""
+
+    backend: RayBackend
+    devices: list[str]
+    hook_devices: list[str]
+    options: list[dict[str, Any]]
+    start_method: tuple[str, str] = ("ray", "producers are Ray actors")
+
+    def start(self, runner: Any) -> RayWorkers:
+        """Starts one actor per device and waits until each ran ``producer_init``."""
+        return RayWorkers.start(self, runner)
+
+
+@dataclass
+class ActorInfo:
+    """Where a producer runs (``RayWorkers.procs[i]``).
+
+    Attributes:
+        pid (int): the actor's process id on its node.
+        node_id (str): the Ray node id.
+        node_ip (str): the node's IP address.
+        actor_id (str): the Ray actor id.
+    """
+
+    pid: int
+    node_id: str
+    node_ip: str
+    actor_id: str
+
+
+_REMOTE_CLASS: list[Any] = []
+
+
+def _remote_class(ray: Any) -> Any:
+    if not _REMOTE_CLASS:
+        _REMOTE_CLASS.append(ray.remote(ProducerActor))
+    return _REMOTE_CLASS[0]
+
+
+def _cause(e: BaseException) -> str:
+    """The reason Ray gives for an actor's death, without its generic advice."""
+    text = str(e)
+    at = text.find("The actor is dead because")
+    if at < 0:
+        at = text.find("The actor died because")
+    cause = text[at:] if at >= 0 else text.strip().splitlines()[-1] if text.strip() else ""
+    cut = cause.find(" Some common causes")
+    if cut >= 0:
+        cause = cause[:cut]
+    cause = " ".join(cause.split())
+    return cause[:400] or type(e).__name__
+
+
+class _Sender:
+    """The input side: one actor call per batch (``in_q`` of the engine's call)."""
+
+    def __init__(self, workers: RayWorkers) -> None:
+        self.w = workers
+        self.wait_seconds = 0.0  # never blocks: a full set of actors raises QueueFull
+
+    def put(
+        self,
+        seq: int,
+        kind: int,
+        parts: list[Any],
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        self.w.send(seq, kind, parts)
+
+    def get_many(
+        self, n: int, block: bool = True, timeout: float | None = None
+    ) -> list[tuple[int, int, list[Any]]]:
+        raise QueueEmpty("nothing waits in the Ray backend's input")
+
+
+class _Results:
+    """The output side: messages from actor calls' callbacks and the input reader."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+        self.msgs: collections.deque[tuple[int, int, list[Any]]] = collections.deque()
+        self.closed = False
+        self.wait_seconds = 0.0
+
+    def put(
+        self,
+        seq: int,
+        kind: int,
+        parts: list[Any],
+        block: bool = True,
+        timeout: float | None = None,
+    ) -> None:
+        self.push((seq, kind, parts))
+
+    def push(self, msg: tuple[int, int, list[Any]]) -> None:
+        with self.cond:
+            self.msgs.append(msg)
+            self.cond.notify()
+
+    def get_many(
+        self, n: int, block: bool = True, timeout: float | None = None
+    ) -> list[tuple[int, int, list[Any]]]:
+        with self.cond:
+            if not self.msgs:
+                if self.closed:
+                    raise QueueClosed("the runner was closed")
+                if not block:
+                    raise QueueEmpty("no result")
+                t = time.perf_counter()
+                self.cond.wait(timeout)
+                self.wait_seconds += time.perf_counter() - t
+                if not self.msgs:
+                    if self.closed:
+                        raise QueueClosed("the runner was closed")
+                    raise QueueEmpty("no result")
+            msgs = self.msgs
+            return [msgs.popleft() for _ in range(min(n, len(msgs)))]
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+
+class RayWorkers:
+    """The actors of an active runner, with the interface of the engine's ``_Workers``."""
+
+    def __init__(
+        self,
+        ray: Any,
+        handles: list[Any],
+        devices: list[str],
+        procs: list[ActorInfo],
+        codec: wire.Codec,
+        out_budget: int,
+        calls_in_flight: int,
+    ) -> None:
+        self.ray = ray
+        self.handles = handles
+        self.devices = devices
+        self.procs = procs
+        self.codec = codec
+        self.out_budget = out_budget
+        self.calls_in_flight = calls_in_flight
+        n = len(handles)
+        self.view = [0] * _worker.state_size(n)
+        for i in range(n):
+            self.view[_worker.STATE_FIELDS * i + _worker.ITEM] = -1
+        self.lock = threading.Lock()
+        # Per actor, its calls in flight in the order sent (an actor runs them in that
+        # order): [ref, call, first item, item count, seq].
+        self.inflight: list[collections.deque[list[Any]]] = [collections.deque() for _ in range(n)]
+        self.turn = 0
+        self.died: WorkerDiedError | None = None
+        self.dead_actors: set[int] = set()
+        self.closed = False
+        self.end_errors: list[dict[str, Any]] = []
+        self.owner_pid = os.getpid()
+        self.in_q = _Sender(self)
+        self.out_q = _Results()
+        cast(Any, engine._LIVE_WORKERS).add(self)
+
+    # ----- start -----
+
+    @classmethod
+    def start(cls, plan: _Plan, runner: Any) -> RayWorkers:
+        """Starts the actors of ``plan`` for ``runner`` and waits for ``producer_init``.
+
+        Raises:
+            WorkerError: ``producer_init`` raised (its type kept, as locally).
+            WorkerDiedError: an actor died while starting.
+            EasycoreError: the actors did not start within the backend's ``start_timeout``.
+        """
+        ray = plan.backend.connect()
+        actor_cls = _remote_class(ray)
+        n = len(plan.devices)
+        setup = runner._producer_setup(n)
+        codec = runner._codec()
+        opts = {"n": n, "seed": runner._seed}
+        handles = []
+        try:
+            for i, options in enumerate(plan.options):
+                handle = actor_cls.options(max_restarts=0, max_task_retries=0, **options).remote(
+                    type(runner), i, plan.hook_devices[i], runner._cfg, setup, opts
+                )
+                handles.append(handle)
+            starts = [h.start.remote() for h in handles]
+            infos = _wait_started(ray, plan, handles, starts, codec)
+        except BaseException:
+            for h in handles:
+                _kill(ray, h)
+            raise
+        store = ray.cluster_resources().get("object_store_memory", 0)
+        out_budget = int(max(8 << 20, min(256 << 20, store // 8)))
+        return cls(
+            ray, handles, plan.devices, infos, codec, out_budget, plan.backend.calls_in_flight
+        )
+
+    # ----- sending and receiving -----
+
+    def send(self, seq: int, kind: int, parts: list[Any]) -> None:
+        """Sends one batch to the least busy live actor; ``QueueFull`` if none has room."""
+        if self.closed:
+            raise QueueClosed("the runner was closed")
+        t, call = wire.unpack_kind(kind)
+        if t != wire.WORK:
+            return
+        first, items = self.codec.loads(parts)
+        count = len(items)
+        del items
+        with self.lock:
+            best = -1
+            least = self.calls_in_flight
+            n = len(self.handles)
+            for k in range(n):
+                i = (self.turn + k) % n
+                if i not in self.dead_actors and len(self.inflight[i]) < least:
+                    best, least = i, len(self.inflight[i])
+            if best < 0:
+                raise QueueFull("every actor has its calls in flight")
+            self.turn = (best + 1) % n
+            ref = self.handles[best].work.remote(seq, kind, to_ray_parts(parts))
+            entry = [ref, call, first, count, seq]
+            q = self.inflight[best]
+            q.append(entry)
+            if len(q) == 1:
+                self._working_on(best, entry)
+        ref.future().add_done_callback(functools.partial(self._done, best, entry))
+
+    def _working_on(self, i: int, entry: list[Any] | None) -> None:
+        """Updates the view of what actor ``i`` works on (under ``lock``): its oldest call."""
+        base = _worker.STATE_FIELDS * i
+        view = self.view
+        if entry is None:
+            view[base + _worker.ITEM] = -1
+            return
+        view[base + _worker.CALL] = entry[1]
+        view[base + _worker.SINCE_NS] = time.monotonic_ns()
+        view[base + _worker.COUNT] = entry[3]
+        view[base + _worker.ITEM] = entry[2]
+
+    def _done(self, i: int, entry: list[Any], fut: Any) -> None:
+        """An actor call ended (in a Ray thread): its message goes to the output queue."""
+        exceptions = self.ray.exceptions
+        msg = None
+        try:
+            msg = fut.result()
+        except exceptions.TaskCancelledError:
+            pass
+        except exceptions.RayActorError as e:
+            self._actor_died(i, e)
+        except BaseException as e:  # noqa: BLE001 - reported as the batch's error
+            report = _worker.error_report("producer_work", self.devices[i], entry[2], e, "ray")
+            msg = (entry[4], wire.pack_kind(wire.ERROR, entry[1]), self.codec.dumps(report))
+        with self.lock:
+            q = self.inflight[i]
+            was_first = bool(q) and q[0] is entry
+            try:
+                q.remove(entry)
+            except ValueError:
+                pass
+            if was_first:
+                self._working_on(i, q[0] if q else None)
+            entry[0] = None
+        if msg is not None:
+            self.out_q.push(msg)
+        elif self.died is not None:
+            self.out_q.push((0, wire.pack_kind(wire.WAKE, 0), [b""]))
+
+    def _actor_died(self, i: int, e: BaseException) -> None:
+        with self.lock:
+            self.dead_actors.add(i)
+            if self.died is not None:
+                return
+            p = self.procs[i]
+            self.died = WorkerDiedError(
+                f"producer {i} (Ray actor {p.actor_id}, device {self.devices[i]!r}, node "
+                f"{p.node_ip} {p.node_id[:12]}, pid {p.pid}) died: {_cause(e)}. The runner "
+                "was closed; call activate() to restart it",
+                pid=p.pid,
+                device=self.devices[i],
+                exitcode=None,
+            )
+            self.died.actor_id = p.actor_id  # type: ignore[attr-defined]
+            self.died.node_id = p.node_id  # type: ignore[attr-defined]
+            self.died.node_ip = p.node_ip  # type: ignore[attr-defined]
+
+    # ----- the engine's _Workers interface -----
+
+    def mine(self) -> bool:
+        """Whether this process started the actors."""
+        return os.getpid() == self.owner_pid
+
+    def dead(self) -> WorkerDiedError | None:
+        """The error for the first actor seen dead, if any."""
+        return self.died
+
+    def drain_input(self) -> None:
+        """Cancels the calls that no actor has started yet (after a failed call)."""
+        self._cancel_all()
+
+    def _cancel_all(self) -> None:
+        with self.lock:
+            refs = [e[0] for q in self.inflight for e in q if e[0] is not None]
+        for ref in refs:
+            try:
+                self.ray.cancel(ref)
+            except Exception:  # noqa: BLE001, S110 - already done or its actor is gone
+                pass
+
+    def interrupt(self) -> None:
+        """Cancels every call in flight (a running call ends when its batch is done)."""
+        self._cancel_all()
+
+    def shutdown(self, timeout: float = 10.0, interrupt: bool = False) -> None:
+        """Runs ``producer_end`` in every actor, then kills the actors.
+
+        With ``interrupt``, calls not yet started are cancelled and ``producer_end`` gets
+        at most a short grace. A KeyboardInterrupt while waiting kills the actors at once
+        and is re-raised.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        if not self.mine():
+            return
+        try:
+            self._stop(timeout, interrupt)
+        except BaseException:
+            self.kill_now()
+            raise
+        cast(Any, engine._LIVE_WORKERS).discard(self)
+
+    def _stop(self, timeout: float, interrupt: bool) -> None:
+        ray = self.ray
+        if interrupt:
+            self.interrupt()
+            timeout = min(timeout, _GRACE_S)
+        deadline = time.monotonic() + timeout
+        stops: dict[Any, int] = {}
+        for i, h in enumerate(self.handles):
+            if i not in self.dead_actors:
+                try:
+                    stops[h.stop.remote()] = i
+                except Exception:  # noqa: BLE001, S112 - the actor is gone
+                    continue
+        pending = list(stops)
+        while pending and time.monotonic() < deadline:
+            left = max(0.0, min(_TICK, deadline - time.monotonic()))
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=left)
+            for ref in ready:
+                try:
+                    err = ray.get(ref)
+                except Exception:  # noqa: BLE001, S112 - died in producer_end: nothing to say
+                    continue
+                if err is not None:
+                    self.end_errors.append(err)
+        self.out_q.close()
+        for h in self.handles:
+            _kill(ray, h)
+
+    def kill_now(self) -> None:
+        """Kills every actor at once (second Ctrl-C, exit)."""
+        if not self.mine():
+            return
+        self.closed = True
+        self.out_q.close()
+        for h in self.handles:
+            _kill(self.ray, h)
+        cast(Any, engine._LIVE_WORKERS).discard(self)
+
+
+def _kill(ray: Any, handle: Any) -> None:
+    try:
+        ray.kill(handle, no_restart=True)
+    except Exception:  # noqa: BLE001, S110 - already dead, or Ray is shut down (at exit)
+        pass
+
+
+def _wait_started(
+    ray: Any, plan: _Plan, handles: list[Any], starts: list[Any], codec: wire.Codec
+) -> list[ActorInfo]:
+    """Waits for every actor's ``start`` call; raises the first failure as locally."""
+    infos: list[ActorInfo | None] = [None] * len(handles)
+    index = {ref: i for i, ref in enumerate(starts)}
+    pending = list(starts)
+    deadline = time.monotonic() + plan.backend.start_timeout
+    while pending:
+        if time.monotonic() > deadline:
+            waiting = [index[r] for r in pending]
+            asks = "; ".join(f"producer {i}: {plan.options[i]}" for i in waiting)
+            raise EasycoreError(
+                f"{len(waiting)} Ray actor(s) did not start within start_timeout="
+                f"{plan.backend.start_timeout:.0f} s: the cluster may lack the resources they "
+                f"ask for ({asks}); see `ray status`"
+            )
+        ready, pending = ray.wait(pending, num_returns=1, timeout=_TICK)
+        for ref in ready:
+            i = index[ref]
+            try:
+                pid, node_id, ip, kind, parts = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                raise WorkerDiedError(
+                    f"producer {i} (Ray actor, device {plan.devices[i]!r}) died while "
+                    f"starting (in producer_init or before): {_cause(e)}",
+                    device=plan.devices[i],
+                ) from e
+            if kind == wire.ERROR:
+                raise engine._worker_error(codec.loads(parts))
+            infos[i] = ActorInfo(pid, node_id, ip, handles[i]._actor_id.hex())
+    return [x for x in infos if x is not None]
