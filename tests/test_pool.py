@@ -76,6 +76,15 @@ def test_iterator_items_and_tasks_share_messages_and_stay_exact(pool):
     assert got_b == [x + 0.5 for x in range(2000)]
 
 
+def test_errors_arriving_out_of_order_raise_the_earliest_never_hang(pool):
+    # Each item fails; chunks of one item travel to two workers, so their errors can arrive
+    # in any order: imap must raise the first item's error, not wait for a result of it.
+    for _ in range(20):
+        with pytest.raises(KeyError) as ei:
+            pool.map(lambda x: {}[x], iter(range(4)))
+        assert "(item 0)" in str(ei.value)
+
+
 def test_error_inside_a_run_of_merged_results(pool):
     def f(x):
         if x == 1234:

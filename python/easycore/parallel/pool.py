@@ -358,7 +358,9 @@ class _Job:
             if self.closed:
                 return
             if not ok:
-                if self.error is None:
+                # Ordered: the error of the earliest item is raised (errors of chunks can
+                # arrive out of order; the results before it all arrive, as results or errors).
+                if self.error is None or (self.ordered and index < self.error_at):
                     self.error = engine._worker_error(value)
                     self.error_at = index if self.ordered else 0
             elif self.ordered:
