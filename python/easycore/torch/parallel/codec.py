@@ -4,8 +4,10 @@ A strided tensor travels as a numpy view of its memory, so pickle protocol 5 han
 to the shared-memory queue out of band: one copy into shared memory in the producer, none or
 one out of it in the consumer (``torch.from_numpy`` wraps what arrives). dtypes numpy lacks
 (bfloat16, float8…) travel as same-width integers and are viewed back. CUDA tensors are
-copied to the CPU first and arrive as CPU tensors (move them back in ``consumer_work`` if you
-need them on a GPU). Sparse, quantized and other tensors use torch's own pickling.
+copied to the CPU and arrive as CPU tensors (move them back in ``consumer_work`` if you need
+them on a GPU); in a producer, a large one is copied straight into the output queue's shared
+memory and sent by reference, so the device-to-host copy is the only copy. Sparse, quantized
+and other tensors use torch's own pickling.
 """
 
 from __future__ import annotations
@@ -40,12 +42,24 @@ def _rebuild(arr: Any, dtype: str, requires_grad: bool, parameter: bool) -> torc
     return t
 
 
+def _to_host(x: torch.Tensor) -> torch.Tensor:
+    """A GPU tensor copied to the host. In a producer, a tensor large enough for the output
+    queue's pool is copied straight into a leased shared segment (see
+    :mod:`easycore.torch.shm`) and then travels by reference: one copy from the device to
+    the consumer's pages instead of two (device to private memory, then into the queue)."""
+    from easycore.torch import shm
+
+    host = shm.empty(tuple(x.shape), dtype=x.dtype)
+    host.copy_(x)
+    return host
+
+
 def _reduce_tensor(t: torch.Tensor) -> Any:
     if t.layout != torch.strided or t.is_quantized or t.is_nested or t.device.type == "meta":
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
     x = t.detach()
     if x.device.type != "cpu":
-        x = x.cpu()
+        x = _to_host(x)
     x = x.contiguous()
     dtype = str(x.dtype).removeprefix("torch.")
     if x.dtype in _VIEW_AS:
