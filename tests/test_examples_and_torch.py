@@ -58,14 +58,16 @@ def test_tensors_of_many_kinds_round_trip():
     with TensorEcho(devices=2) as r:
         out = r(items)
         assert r.devices == ["cpu", "cpu"]
+        forked = r.start_method == "fork"
     assert len(out) == len(items)
     for got, want in zip(out, items, strict=True):
         t = got["t"]
         assert isinstance(t, torch.Tensor) and t.dtype == want.dtype and t.shape == want.shape
         assert torch.equal(t, want.detach())
         assert got["sum"] == pytest.approx(float(want.detach().float().sum()))
-        # CPU producers share the cores instead of each taking all of them.
-        assert got["threads"] == max(1, len(os.sched_getaffinity(0)) // 2)
+        # CPU producers share the cores instead of each taking all of them (one thread
+        # each when forked: torch's OpenMP pool does not survive a fork).
+        assert got["threads"] == (1 if forked else max(1, len(os.sched_getaffinity(0)) // 2))
     assert isinstance(out[3]["t"], torch.nn.Parameter)
 
 
@@ -88,3 +90,22 @@ def test_missing_gpu_is_a_clear_error():
         TensorEcho(devices=[f"cuda:{n}"])
     with pytest.raises(InvalidArgument):
         TensorEcho(devices=["tpu"])
+
+
+class MatMul(UnorderedRunner):
+    @staticmethod
+    def producer_work(device, cfg, n):
+        a = torch.ones(n, n)
+        return float((a @ a).sum()), torch.get_num_threads()
+
+
+def test_forked_producers_after_the_caller_used_torch_threads_do_not_hang():
+    # The caller uses torch's thread pool first; a forked child that then used several
+    # threads waited forever for the parent's pool threads (seen on 16 cores).
+    torch.set_num_threads(max(2, len(os.sched_getaffinity(0))))
+    a = torch.randn(1500, 1500)
+    assert float((a @ a).abs().sum()) > 0
+    with MatMul(devices=1, start_method="fork") as r:
+        out = list(r.imap([300, 400], timeout=60))
+    assert sorted(v for v, _ in out) == [300.0**3, 400.0**3]
+    assert {t for _, t in out} == {1}

@@ -7,7 +7,10 @@ Same API and behaviour, plus:
 * A producer for ``"cuda:N"`` calls ``torch.cuda.set_device(N)`` before ``producer_init``;
   devices are checked against ``torch.cuda.device_count()`` at construction.
 * Thread policy: a ``"cpu"`` producer sets ``torch.set_num_threads(max(1, cores // n))``,
-  where ``n`` is the number of producers, so producers do not oversubscribe the cores.
+  where ``n`` is the number of producers, so producers do not oversubscribe the cores; under
+  ``fork`` it uses one thread, as DataLoader's workers do (torch's OpenMP pool does not
+  survive a fork: a forked child that used several threads after the caller had used them
+  would hang). Ask for ``start_method="spawn"`` for multi-threaded CPU producers.
 * Processes start with ``spawn`` when any device is a GPU or CUDA is already initialised in
   the caller; otherwise as in :mod:`easycore.common.parallel`.
 """
@@ -32,14 +35,22 @@ from easycore.torch.parallel.codec import TorchCodec
 class _TorchSetup:
     """Run first in each producer: picks the CUDA device or the CPU thread count."""
 
-    def __init__(self, n_producers: int) -> None:
+    def __init__(self, n_producers: int, forked: bool = False) -> None:
         self.n_producers = n_producers
+        # A forked child must not start torch's OpenMP thread pool: if the caller had used
+        # it, the child's copy refers to threads that do not exist there, and the first
+        # parallel region with more than one thread waits for them forever (seen on a
+        # 16-core machine). One thread, as DataLoader's forked workers use.
+        self.forked = forked
 
     def __call__(self, device: str) -> None:
         if device.startswith("cuda"):
             index = int(device.split(":", 1)[1]) if ":" in device else 0
             torch.cuda.set_device(index)
         elif device == "cpu":
+            if self.forked:
+                torch.set_num_threads(1)
+                return
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
             torch.set_num_threads(max(1, cores // self.n_producers))
 
@@ -95,9 +106,8 @@ class BaseRunner(engine.BaseRunner):
     def _codec(cls) -> TorchCodec:
         return TorchCodec()
 
-    @classmethod
-    def _producer_setup(cls, n_producers: int) -> _TorchSetup:
-        return _TorchSetup(n_producers)
+    def _producer_setup(self, n_producers: int) -> _TorchSetup:  # type: ignore[override]
+        return _TorchSetup(n_producers, forked=self.start_method == "fork")
 
 
 class UnorderedRunner(BaseRunner):
