@@ -11,6 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import runner_defs as rd  # noqa: E402
+from easycore.common.parallel import UnorderedRunner as CommonUnorderedRunner  # noqa: E402
 from easycore.errors import InvalidArgument  # noqa: E402
 from easycore.torch.parallel import OrderedRunner, UnorderedRunner  # noqa: E402
 
@@ -109,3 +110,26 @@ def test_forked_producers_after_the_caller_used_torch_threads_do_not_hang():
         out = list(r.imap([300, 400], timeout=60))
     assert sorted(v for v, _ in out) == [300.0**3, 400.0**3]
     assert {t for _, t in out} == {1}
+
+
+class CommonMatMul(CommonUnorderedRunner):
+    producer_work = MatMul.producer_work
+
+
+def _matmul(n):
+    return MatMul.producer_work("cpu", None, n)
+
+
+def test_common_runner_and_pool_forked_after_torch_threads_do_not_hang():
+    from easycore.parallel import Pool
+
+    torch.set_num_threads(max(2, len(os.sched_getaffinity(0))))
+    a = torch.randn(1500, 1500)
+    assert float((a @ a).abs().sum()) > 0
+    with CommonMatMul(devices=1, start_method="fork") as r:
+        out = list(r.imap([300, 400], timeout=60))
+    with Pool(1, start_method="fork") as p:
+        out_pool = p.map(_matmul, [300, 400], timeout=60)
+    for got in (out, out_pool):
+        assert sorted(v for v, _ in got) == [300.0**3, 400.0**3]
+        assert {t for _, t in got} == {1}

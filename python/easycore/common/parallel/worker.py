@@ -127,6 +127,21 @@ def _seed_all(seed: int, done: set[str]) -> None:
         done.add("torch")
 
 
+def _one_torch_thread() -> None:
+    """In a forked producer whose caller had imported torch: one torch thread, as
+    DataLoader's forked workers use. torch's OpenMP thread pool does not survive a fork: if
+    the caller had used it, the child's copy refers to threads that do not exist there, and
+    the child's first operation on several threads waits for them forever. (A torch first
+    imported in the producer starts clean; ``producer_init`` may raise the count, at that
+    risk.)"""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        try:
+            torch.set_num_threads(1)
+        except Exception:  # noqa: BLE001 - a broken torch must not stop the producer
+            pass
+
+
 class _SeedOnImport:
     """A ``sys.meta_path`` finder that seeds numpy or torch right after a hook first imports
     them in a producer (importing them up front would slow every producer's start)."""
@@ -276,6 +291,8 @@ def producer_main(
     _INFO = WorkerInfo(index, int(opts.get("n", 1)), device, seed, os.getpid())
     seeded: set[str] = set()
     _seed_all(seed, seeded)
+    if opts.get("start_method") == "fork":
+        _one_torch_thread()
     if not {"numpy", "torch"} <= seeded:
         sys.meta_path.insert(0, _SeedOnImport(seed, seeded))
     raw_state = opts.get("state")

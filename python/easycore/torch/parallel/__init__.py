@@ -37,10 +37,8 @@ class _TorchSetup:
 
     def __init__(self, n_producers: int, forked: bool = False) -> None:
         self.n_producers = n_producers
-        # A forked child must not start torch's OpenMP thread pool: if the caller had used
-        # it, the child's copy refers to threads that do not exist there, and the first
-        # parallel region with more than one thread waits for them forever (seen on a
-        # 16-core machine). One thread, as DataLoader's forked workers use.
+        # Forked: the worker has set one torch thread already (worker._one_torch_thread:
+        # torch's OpenMP pool does not survive a fork), and it stays so.
         self.forked = forked
 
     def __call__(self, device: str) -> None:
@@ -49,7 +47,6 @@ class _TorchSetup:
             torch.cuda.set_device(index)
         elif device == "cpu":
             if self.forked:
-                torch.set_num_threads(1)
                 return
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
             torch.set_num_threads(max(1, cores // self.n_producers))
