@@ -226,6 +226,35 @@ def test_feedback_input_does_not_deadlock_hooks():
         assert r(_feedback(0, 300, got)) == list(range(300))
 
 
+@pytest.mark.parametrize("runner_cls", [rd.Collect, rd.CollectUnordered])
+def test_read_ahead_false_reads_in_the_receiving_thread(runner_cls):
+    got: queue.Queue = queue.Queue()
+    with runner_cls(devices=2, start_method="fork") as r:
+        out = []
+        for y in r.imap(_feedback(0, 300, got), read_ahead=False):
+            out.append(y)
+            got.put(y)
+        assert out == list(range(300))
+        names = []
+
+        def gen():
+            for i in range(50):
+                names.append(threading.current_thread().name)
+                yield i
+
+        assert r(gen(), read_ahead=False) == list(range(50))  # the hooks form
+        assert set(names) == {"easycore-consumer"}  # no input thread
+        assert list(r.imap(iter([]), read_ahead=False)) == []
+
+        def bad():
+            yield 1
+            raise ValueError("input broke")
+
+        with pytest.raises(ValueError, match="input broke"):
+            list(r.imap(bad(), read_ahead=False))
+        assert r(iter(range(100)), read_ahead=False) == list(range(100))
+
+
 # ----- 4. producers die with their caller -----
 
 

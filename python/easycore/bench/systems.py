@@ -224,6 +224,29 @@ class EasycoreImapSystem(EasycoreSystem):
             runner.close()
 
 
+class EasycoreNoReadAheadSystem(EasycoreImapSystem):
+    """``runner.imap(data, read_ahead=False)``: the input read in the caller's thread, one
+    item when none is in flight (request/response loops; latency workload only)."""
+
+    key = "easycore_imap_noahead"
+
+    def label(self, job: Job) -> str:
+        return super().label(job) + "(read_ahead=False)"
+
+    def unavailable(self, job: Job) -> str | None:
+        if not getattr(job.hooks, "one_in_flight", False):
+            return "only for one-item-in-flight workloads (latency)"
+        return super().unavailable(job)
+
+    @contextlib.contextmanager
+    def session(self, job: Job) -> Iterator[Call]:
+        runner = self.runner_class(job)(devices=list(job.devices))
+        try:
+            yield lambda data: run_consumer(job.hooks, runner.imap(data, read_ahead=False))
+        finally:
+            runner.close()
+
+
 def _pipe_worker(conn: Any, hooks: type, device: str) -> None:
     """One worker on a Pipe: ``producer_work`` on each item received, until None."""
     cfg = reference.make_cfg()
@@ -597,6 +620,7 @@ for _s in (
 ):
     register_system(_s)
 register_system(EasycoreImapSystem())
+register_system(EasycoreNoReadAheadSystem())
 register_system(PipeSystem())
 register_system(EasycorePoolSystem())
 
