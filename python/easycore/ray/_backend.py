@@ -27,7 +27,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from easycore.common.parallel import engine, wire
 from easycore.common.parallel import worker as _worker
@@ -288,7 +288,7 @@ class _Results:
             self.cond.notify_all()
 
 
-class RayWorkers:
+class RayWorkers(engine.WorkerSet):
     """The actors of an active runner, with the interface of the engine's ``_Workers``."""
 
     def __init__(
@@ -324,7 +324,7 @@ class RayWorkers:
         self.owner_pid = os.getpid()
         self.in_q = _Sender(self)
         self.out_q = _Results()
-        cast(Any, engine._LIVE_WORKERS).add(self)
+        engine._LIVE_WORKERS.add(self)
 
     # ----- start -----
 
@@ -453,10 +453,6 @@ class RayWorkers:
 
     # ----- the engine's _Workers interface -----
 
-    def mine(self) -> bool:
-        """Whether this process started the actors."""
-        return os.getpid() == self.owner_pid
-
     def dead(self) -> WorkerDiedError | None:
         """The error for the first actor seen dead, if any."""
         return self.died
@@ -478,26 +474,9 @@ class RayWorkers:
         """Cancels every call in flight (a running call ends when its batch is done)."""
         self._cancel_all()
 
-    def shutdown(self, timeout: float = 10.0, interrupt: bool = False) -> None:
-        """Runs ``producer_end`` in every actor, then kills the actors.
-
-        With ``interrupt``, calls not yet started are cancelled and ``producer_end`` gets
-        at most a short grace. A KeyboardInterrupt while waiting kills the actors at once
-        and is re-raised.
-        """
-        if self.closed:
-            return
-        self.closed = True
-        if not self.mine():
-            return
-        try:
-            self._stop(timeout, interrupt)
-        except BaseException:
-            self.kill_now()
-            raise
-        cast(Any, engine._LIVE_WORKERS).discard(self)
-
     def _stop(self, timeout: float, interrupt: bool) -> None:
+        """Runs ``producer_end`` in every actor, then kills the actors. With ``interrupt``,
+        calls not yet started are cancelled and ``producer_end`` gets a short grace."""
         ray = self.ray
         if interrupt:
             self.interrupt()
@@ -533,7 +512,7 @@ class RayWorkers:
         self.out_q.close()
         for h in self.handles:
             _kill(self.ray, h)
-        cast(Any, engine._LIVE_WORKERS).discard(self)
+        engine._LIVE_WORKERS.discard(self)
 
 
 def _kill(ray: Any, handle: Any) -> None:

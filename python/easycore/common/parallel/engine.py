@@ -168,10 +168,50 @@ class RunnerStats:
         return f"balanced (producers {util:.0%} busy)"
 
 
-_LIVE_WORKERS: set[_Workers] = set()  # not yet shut down; stopped at exit and on SIGTERM
+_LIVE_WORKERS: set[WorkerSet] = set()  # not yet shut down; stopped at exit and on SIGTERM
 
 
-class _Workers:
+class WorkerSet:
+    """What a call needs of an active runner's producers (local processes, or the Ray
+    backend's actors), and the shutdown sequence they share. Subclasses set ``closed`` and
+    ``owner_pid``, add themselves to ``_LIVE_WORKERS`` and implement ``_stop`` and
+    ``kill_now``."""
+
+    closed: bool
+    owner_pid: int
+
+    def mine(self) -> bool:
+        """Whether this process made the producers (a forked child must not touch them)."""
+        return os.getpid() == self.owner_pid
+
+    def kill_now(self) -> None:
+        """Kills every producer at once (second Ctrl-C, exit)."""
+        raise NotImplementedError
+
+    def _stop(self, timeout: float, interrupt: bool) -> None:
+        raise NotImplementedError
+
+    def shutdown(self, timeout: float = 10.0, interrupt: bool = False) -> None:
+        """Stops the producers (``producer_end`` runs), then kills what does not stop.
+
+        With ``interrupt``, producers busy in ``producer_work`` drop their work first and
+        ``producer_end`` gets at most a short grace. A KeyboardInterrupt while waiting kills
+        every producer at once and is re-raised: a second Ctrl-C always ends it.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        if not self.mine():
+            return
+        try:
+            self._stop(timeout, interrupt)
+        except BaseException:
+            self.kill_now()
+            raise
+        _LIVE_WORKERS.discard(self)
+
+
+class _Workers(WorkerSet):
     """The processes and queues of an active runner; closes them without a runner reference
     (so it can run from a finalizer, at exit or from a signal handler)."""
 
@@ -189,10 +229,6 @@ class _Workers:
         self.owner_pid = os.getpid()
         self.out_budget = out_q.ring_size  # bytes of results the output queue may hold
         _LIVE_WORKERS.add(self)
-
-    def mine(self) -> bool:
-        """Whether this process made the producers (a forked child must not touch them)."""
-        return os.getpid() == self.owner_pid
 
     def dead(self) -> WorkerDiedError | None:
         """An error describing the first producer that died, if any."""
@@ -258,25 +294,6 @@ class _Workers:
         # Normally already unlinked once the producers attached; not after a failed start.
         self.in_q.unlink()
         self.out_q.unlink()
-
-    def shutdown(self, timeout: float = 10.0, interrupt: bool = False) -> None:
-        """Stops the producers (``producer_end`` runs), then kills what does not stop.
-
-        With ``interrupt``, producers busy in ``producer_work`` drop their batch first and
-        ``producer_end`` gets at most a short grace. A KeyboardInterrupt while waiting kills
-        every producer at once and is re-raised: a second Ctrl-C always ends it.
-        """
-        if self.closed:
-            return
-        self.closed = True
-        if not self.mine():
-            return
-        try:
-            self._stop(timeout, interrupt)
-        except BaseException:
-            self.kill_now()
-            raise
-        _LIVE_WORKERS.discard(self)
 
     def _stop(self, timeout: float, interrupt: bool) -> None:
         codec = wire.Codec()
