@@ -65,3 +65,35 @@ class ShmHoarder(ShmResults):
         a[:] = i % 251
         _held.clear()
         return i, shared, shm.is_shared(a), a
+
+
+class SumInputs(UnorderedRunner):
+    """Items are ``(i, array)``; returns ``(i, shape, first, last, sum)`` of the array it got,
+    and exits the process (without a word) on an item whose ``i`` is negative."""
+
+    @staticmethod
+    def producer_work(device, cfg, item):
+        import os
+
+        i, a = item
+        if i < 0:
+            os._exit(3)
+        return i, a.shape, float(a.flat[0]), float(a.flat[-1]), float(a.sum(dtype=np.float64))
+
+    @staticmethod
+    def consumer_init(cfg):
+        cfg.out = []
+
+    @staticmethod
+    def consumer_work(cfg, data):
+        cfg.out.append(data)
+
+    @staticmethod
+    def consumer_end(cfg):
+        return sorted(cfg.out)
+
+
+def sum_input(item):
+    """For Pool.map: ``(i, array)`` -> ``(i, sum)``."""
+    i, a = item
+    return i, float(a.sum(dtype=np.float64))

@@ -1,17 +1,22 @@
-"""Where arrays born in shared memory come from, in a producer: the output queue's pool.
+"""Where arrays born in shared memory come from: in a producer, the output queue's pool; in
+the caller, a runner's input queue's pool (``runner=``).
 
 The worker names its output queue here (:func:`set_target`); the allocators
 (:mod:`easycore.shm`, :mod:`easycore.torch.shm`) lease pooled segments of it
 (:func:`lease`), and a result that lies in one travels by reference: the queue's ``put``
-hands the segment to the consumer instead of copying it. After each send the worker calls
-:func:`after_send`, which marks the arrays that were sent read-only, so that writing into a
-returned array raises instead of changing what the consumer reads.
+hands the segment to the consumer instead of copying it. Given a runner
+(:func:`runner_queue`), they lease from its input queue instead, and the caller's input items
+travel to the producers the same way. After each send the worker (and the caller's engine)
+calls :func:`after_send`, which marks the arrays that were sent read-only, so that writing
+into a sent array raises instead of changing what the other side reads.
 
 No numpy here: the worker imports this module whether or not numpy is installed.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import weakref
 from typing import Any
 
@@ -20,6 +25,17 @@ from easycore._core import Queue, ShmLease
 _target: Queue | None = None
 # (the array handed out, its lease), weakly: an array dropped unsent frees its lease.
 _live: list[tuple[weakref.ref[Any], weakref.ref[ShmLease]]] = []
+# The caller's engine calls after_send from its sending thread while the caller allocates.
+_live_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A fork taken while another thread held the lock would leave it held forever.
+    global _live_lock
+    _live_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def set_target(q: Queue | None) -> None:
@@ -34,11 +50,22 @@ def target() -> Queue | None:
     return _target
 
 
-def lease(nbytes: int) -> ShmLease | None:
-    """A lease of ``nbytes`` from the target queue's pool, or None when there is no target,
-    ``nbytes`` is below the pool's threshold (copying is cheaper), or the pool has no room
-    (never waits for room)."""
-    q = _target
+def runner_queue(runner: Any) -> Queue | None:
+    """The input queue of ``runner`` (a runner or a :class:`~easycore.parallel.Pool`), whose
+    pool the caller's input arrays are leased from; None when it is closed."""
+    r = getattr(runner, "_runner", runner)  # a Pool wraps a runner
+    get = getattr(r, "_input_queue", None)
+    if get is None:
+        raise TypeError(f"runner= takes an easycore runner or Pool, not {type(runner).__name__}")
+    q: Queue | None = get()
+    return q
+
+
+def lease(nbytes: int, queue: Queue | None = None) -> ShmLease | None:
+    """A lease of ``nbytes`` from ``queue``'s pool (default: the target queue), or None when
+    there is no queue, ``nbytes`` is below the pool's threshold (copying is cheaper), or the
+    pool has no room (never waits for room)."""
+    q = _target if queue is None else queue
     if q is None or nbytes < q.pool_min or q.closed:
         return None
     try:
@@ -50,13 +77,19 @@ def lease(nbytes: int) -> ShmLease | None:
 def track(obj: Any, held: ShmLease) -> None:
     """Remembers that ``obj`` (an array or tensor) was built on ``held``, so that
     :func:`after_send` can mark it read-only once the lease is sent."""
-    _live.append((weakref.ref(obj), weakref.ref(held)))
+    with _live_lock:
+        _live.append((weakref.ref(obj), weakref.ref(held)))
 
 
 def after_send() -> None:
     """Marks the arrays whose leases were sent read-only, and forgets dropped ones."""
     if not _live:
         return
+    with _live_lock:
+        _mark_sent()
+
+
+def _mark_sent() -> None:
     keep = []
     for obj_ref, lease_ref in _live:
         held = lease_ref()
