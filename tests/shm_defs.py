@@ -97,3 +97,21 @@ def sum_input(item):
     """For Pool.map: ``(i, array)`` -> ``(i, sum)``."""
     i, a = item
     return i, float(a.sum(dtype=np.float64))
+
+
+class ShmLarge(ShmResults):
+    """Returns whether its 12 MiB shm array was shared, the output pool's cap after leasing
+    it, and the array's first byte (the consumer keeps no array)."""
+
+    @staticmethod
+    def producer_work(device, cfg, i):
+        from easycore.common.parallel import leases
+
+        a = shm.empty(12 << 20, dtype=np.uint8)
+        a[...] = i % 251
+        return i, shm.is_shared(a), leases.target().pool_bytes()[1], a
+
+    @staticmethod
+    def consumer_work(cfg, data):
+        i, shared, cap, a = data
+        cfg.out.append((i, shared, cap, int(a[0]), int(a[-1])))

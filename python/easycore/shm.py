@@ -69,9 +69,7 @@ def empty(shape: Any, dtype: Any = float, *, runner: Any = None) -> np.ndarray:
     count = math.prod(shp)
     held = None
     if count and dt.itemsize:
-        q = leases.runner_queue(runner) if runner is not None else None
-        if runner is None or q is not None:
-            held = leases.lease(count * dt.itemsize, q)
+        held = leases.lease(count * dt.itemsize, runner)
     if held is None:
         return np.empty(shp, dtype=dt)
     arr: np.ndarray = np.frombuffer(memoryview(held), dtype=dt, count=count).reshape(shp)

@@ -32,9 +32,7 @@ def empty(*size: Any, dtype: torch.dtype | None = None, runner: Any = None) -> t
     nbytes = math.prod(shp) * itemsize
     held = None
     if nbytes:
-        q = leases.runner_queue(runner) if runner is not None else None
-        if runner is None or q is not None:
-            held = leases.lease(nbytes, q)
+        held = leases.lease(nbytes, runner)
     if held is None:
         return torch.empty(shp, dtype=dt)
     raw = np.frombuffer(memoryview(held), dtype=np.uint8, count=nbytes)
