@@ -91,7 +91,9 @@ pub struct Slot {
 pub struct SlotTable {
     /// Bytes of every slot segment that exists.
     pool_bytes: AtomicU64,
-    /// `pool_bytes` never exceeds this.
+    /// `pool_bytes` never exceeds this (checked by `take`). Set at creation; it may only grow
+    /// afterwards (`grow_cap`, one atomic max), never shrink, so a `take` that read the old
+    /// value stays within the new one.
     pool_cap: AtomicU64,
     /// The last generation handed out.
     last_gen: AtomicU64,
@@ -156,6 +158,11 @@ impl SlotTable {
             self.pool_bytes.load(Ordering::Relaxed),
             self.pool_cap.load(Ordering::Relaxed),
         )
+    }
+
+    /// Raises the cap to `cap` if it is lower (it never shrinks); returns the cap now.
+    pub fn grow_cap(&self, cap: u64) -> u64 {
+        self.pool_cap.fetch_max(cap, Ordering::AcqRel).max(cap)
     }
 
     fn slot(&self, idx: usize) -> &Slot {

@@ -65,3 +65,53 @@ class ShmHoarder(ShmResults):
         a[:] = i % 251
         _held.clear()
         return i, shared, shm.is_shared(a), a
+
+
+class SumInputs(UnorderedRunner):
+    """Items are ``(i, array)``; returns ``(i, shape, first, last, sum)`` of the array it got,
+    and exits the process (without a word) on an item whose ``i`` is negative."""
+
+    @staticmethod
+    def producer_work(device, cfg, item):
+        import os
+
+        i, a = item
+        if i < 0:
+            os._exit(3)
+        return i, a.shape, float(a.flat[0]), float(a.flat[-1]), float(a.sum(dtype=np.float64))
+
+    @staticmethod
+    def consumer_init(cfg):
+        cfg.out = []
+
+    @staticmethod
+    def consumer_work(cfg, data):
+        cfg.out.append(data)
+
+    @staticmethod
+    def consumer_end(cfg):
+        return sorted(cfg.out)
+
+
+def sum_input(item):
+    """For Pool.map: ``(i, array)`` -> ``(i, sum)``."""
+    i, a = item
+    return i, float(a.sum(dtype=np.float64))
+
+
+class ShmLarge(ShmResults):
+    """Returns whether its 12 MiB shm array was shared, the output pool's cap after leasing
+    it, and the array's first byte (the consumer keeps no array)."""
+
+    @staticmethod
+    def producer_work(device, cfg, i):
+        from easycore.common.parallel import leases
+
+        a = shm.empty(12 << 20, dtype=np.uint8)
+        a[...] = i % 251
+        return i, shm.is_shared(a), leases.target().pool_bytes()[1], a
+
+    @staticmethod
+    def consumer_work(cfg, data):
+        i, shared, cap, a = data
+        cfg.out.append((i, shared, cap, int(a[0]), int(a[-1])))

@@ -202,6 +202,12 @@ def test_large_arrays_come_back_equal():
         assert a.shape == (1 << 18,) and a.dtype == np.float32
         assert float(a[0]) == i and float(a[-1]) == i
     assert runner.stats.bytes_out >= 40 << 20
+    # Input arrays "in shared memory" for a Ray runner are ordinary arrays (no local queue).
+    from easycore import shm
+
+    with rd.Arrays(devices=1, backend="ray") as runner:
+        a = shm.empty(1 << 20, dtype=np.uint8, runner=runner)
+        assert not shm.is_shared(a) and a.flags.writeable
 
 
 # ----- failures -----

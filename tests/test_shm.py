@@ -177,3 +177,16 @@ def test_a_torch_tensor_from_shm_is_the_readers_memory():
             del u, parts
     finally:
         leases.set_target(None)
+
+
+def test_the_pool_grows_to_hold_the_largest_results():
+    # queue_scale=0.25: a 16 MiB output pool, which holds one 12 MiB segment; leasing one
+    # grows it to hold 2 * producers + 2 of them (a quarter of /dev/shm's free space at most).
+    with sd.ShmLarge(devices=1, queue_scale=0.25, start_method="fork") as r:
+        out = r(range(6))
+    assert sorted(o[0] for o in out) == list(range(6))
+    for i, _shared, cap, first, last in out:
+        assert first == last == i % 251
+        free = (os.statvfs(SHM).f_bavail * os.statvfs(SHM).f_frsize) // 4
+        assert cap >= min(4 * (12 << 20), free)
+    assert any(o[1] for o in out)

@@ -15,6 +15,15 @@ consumer's last view of it is gone. Example::
         out[...] = compute(data)  # write in place (np.add(a, b, out=out), ...)
         return out
 
+In the caller, ``runner=`` leases from a runner's (or Pool's) *input* queue instead: an input
+item built there travels to the producers by reference::
+
+    with MyRunner(devices=2) as r:
+        frames = [shm.empty((1080, 1920, 3), dtype=np.uint8, runner=r) for _ in range(8)]
+        for i, f in enumerate(frames):
+            f[...] = i
+        out = r(frames)  # each frame is sent by reference, then read-only here
+
 The rules (see ``docs/shm.md``):
 
 * Sent by reference is the array's whole C-contiguous buffer, or a contiguous part of it
@@ -23,9 +32,11 @@ The rules (see ``docs/shm.md``):
 * Once returned, the array belongs to the consumer: the producer must not write into it (the
   array object returned is marked read-only after it is sent; views made before the send
   are not, and writing through them changes what the consumer reads, or a later message).
-* Outside a producer, below the pool's threshold (``pool_min``, 256 KiB by default), or
-  when the pool is full, these return ordinary private arrays, which take today's one-copy
-  path; they never wait for room.
+* The same holds for the caller's input arrays (``runner=``): once sent, the array is
+  read-only, and its pages are reused by later items when the producers are done with it.
+* Outside a producer (without ``runner=``), below the pool's threshold (``pool_min``,
+  256 KiB by default), or when the pool is full, these return ordinary private arrays, which
+  take today's one-copy path; they never wait for room.
 """
 
 from __future__ import annotations
@@ -46,15 +57,19 @@ def _shape(shape: Any) -> tuple[int, ...]:
     return tuple(int(s) for s in shape)
 
 
-def empty(shape: Any, dtype: Any = float) -> np.ndarray:
+def empty(shape: Any, dtype: Any = float, *, runner: Any = None) -> np.ndarray:
     """An uninitialised C-contiguous array, in shared memory when it can be (see the module
-    docstring), else an ordinary ``np.empty``."""
+    docstring), else an ordinary ``np.empty``. ``runner``: in the caller, a runner or Pool
+    whose input items the array is for (leased from its input queue's pool; an ordinary
+    array while it is closed)."""
     dt = np.dtype(dtype)
     shp = _shape(shape)
     if any(s < 0 for s in shp):
         raise ValueError(f"negative dimensions are not allowed: {shp}")
     count = math.prod(shp)
-    held = leases.lease(count * dt.itemsize) if count and dt.itemsize else None
+    held = None
+    if count and dt.itemsize:
+        held = leases.lease(count * dt.itemsize, runner)
     if held is None:
         return np.empty(shp, dtype=dt)
     arr: np.ndarray = np.frombuffer(memoryview(held), dtype=dt, count=count).reshape(shp)
@@ -62,23 +77,23 @@ def empty(shape: Any, dtype: Any = float) -> np.ndarray:
     return arr
 
 
-def zeros(shape: Any, dtype: Any = float) -> np.ndarray:
+def zeros(shape: Any, dtype: Any = float, *, runner: Any = None) -> np.ndarray:
     """As :func:`empty`, filled with zeros."""
-    arr = empty(shape, dtype)
+    arr = empty(shape, dtype, runner=runner)
     arr[...] = 0
     return arr
 
 
-def empty_like(a: Any, dtype: Any = None) -> np.ndarray:
+def empty_like(a: Any, dtype: Any = None, *, runner: Any = None) -> np.ndarray:
     """As :func:`empty`, with the shape (and dtype, unless given) of ``a``."""
     a = np.asarray(a)
-    return empty(a.shape, a.dtype if dtype is None else dtype)
+    return empty(a.shape, a.dtype if dtype is None else dtype, runner=runner)
 
 
-def zeros_like(a: Any, dtype: Any = None) -> np.ndarray:
+def zeros_like(a: Any, dtype: Any = None, *, runner: Any = None) -> np.ndarray:
     """As :func:`zeros`, with the shape (and dtype, unless given) of ``a``."""
     a = np.asarray(a)
-    return zeros(a.shape, a.dtype if dtype is None else dtype)
+    return zeros(a.shape, a.dtype if dtype is None else dtype, runner=runner)
 
 
 def is_shared(a: Any) -> bool:

@@ -441,6 +441,12 @@ impl PyQueue {
         self.q.pool_bytes()
     }
 
+    /// Raises the pool's cap (the most bytes of pooled segments kept) to `cap` if it is lower;
+    /// it never shrinks. Returns the cap now.
+    fn grow_pool(&self, cap: u64) -> u64 {
+        self.q.grow_pool(cap)
+    }
+
     /// `(messages, payload_bytes)` put since creation, by everyone.
     fn totals(&self) -> (u64, u64) {
         self.q.totals()

@@ -395,6 +395,12 @@ impl Queue {
         self.hdr().slots.bytes()
     }
 
+    /// Raises the pool's cap to `cap` bytes if it is lower (it never shrinks): a runner's
+    /// producers make room for the results they see. Returns the cap now.
+    pub fn grow_pool(&self, cap: u64) -> u64 {
+        self.hdr().slots.grow_cap(cap)
+    }
+
     /// A stamp of the readers' wake-up word: read it *before* looking for a message, then
     /// pass it to [`Queue::wait_readable`] if none was there.
     pub fn data_stamp(&self) -> u32 {

@@ -48,7 +48,7 @@ from easycore._core import (
     shm_space,
     sweep_stale_segments,
 )
-from easycore.common.parallel import wire
+from easycore.common.parallel import leases, wire
 from easycore.common.parallel import worker as _worker
 from easycore.common.parallel.devices import (
     choose_start_method,
@@ -542,6 +542,13 @@ class BaseRunner(RunnerHooks):
         return None
 
     # ----- life cycle -----
+
+    def _input_queue(self) -> Queue | None:
+        """The input queue while active: ``easycore.shm.empty(..., runner=self)`` leases
+        input arrays from its pool."""
+        w = self._workers
+        q = getattr(w, "in_q", None) if w is not None and not w.closed else None
+        return q if isinstance(q, Queue) else None  # the Ray backend's input is no Queue
 
     @property
     def is_activate(self) -> bool:
@@ -1200,6 +1207,7 @@ class _Call:
                 self.in_full = True
                 return sent
             self.in_full = False
+            leases.after_send()  # input arrays sent by reference become read-only
             if self.dispatched == self.delivered:
                 self.last_progress = time.monotonic()
             self.pending = None

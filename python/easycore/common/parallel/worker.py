@@ -302,7 +302,7 @@ def producer_main(
 
     codec: wire.Codec = runner_cls._codec()
     # easycore.shm's allocators lease from the output queue's pool in this process.
-    leases.set_target(out_q)
+    leases.set_target(out_q, producers=int(opts.get("n", 1)))
     if setup is not None:
         setup(device)
     try:
