@@ -85,6 +85,51 @@ def test_errors_arriving_out_of_order_raise_the_earliest_never_hang(pool):
         assert "(item 0)" in str(ei.value)
 
 
+def test_pack_items_merges_runs_of_one_call_and_keeps_the_length():
+    from easycore.parallel.pool import _pack_items
+
+    f = pd.square
+    items = [
+        (1, 0, f, [10], 0),
+        (1, 1, f, [11], 0),
+        (1, 2, f, [12], 0),
+        (0, 7, None, b"task", 2),  # a submitted task is never merged
+        (1, 3, f, [13], 0),
+        (2, 0, f, [20], 0),  # another call
+        (2, 2, f, [22], 0),  # not contiguous
+        (3, 0, f, [1, 2], 0),  # already a chunk
+        (3, 2, f, [3], 0),
+    ]
+    out = _pack_items(list(items))
+    assert len(out) == len(items)
+    assert out == [
+        (1, 0, f, [10, 11, 12], 0),
+        None,
+        None,
+        (0, 7, None, b"task", 2),
+        (1, 3, f, [13], 0),
+        (2, 0, f, [20], 0),
+        (2, 2, f, [22], 0),
+        (3, 0, f, [1, 2], 0),
+        (3, 2, f, [3], 0),
+    ]
+
+
+@pytest.mark.parametrize("chunksize", [None, 500])
+def test_error_mid_chunk_yields_every_result_before_it(pool, chunksize):
+    def f(x):
+        if x == 777:
+            raise KeyError(x)
+        return x
+
+    for _ in range(3):
+        seen = []
+        with pytest.raises(KeyError):
+            for r in pool.imap(f, iter(range(2000)), chunksize=chunksize):
+                seen.append(r)
+        assert seen == list(range(777))
+
+
 def test_error_inside_a_run_of_merged_results(pool):
     def f(x):
         if x == 1234:

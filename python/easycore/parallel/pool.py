@@ -202,6 +202,8 @@ def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
     """Runs one item: a chunk of a map job (``arg`` is a list of arguments) or a submitted
     task. Returns ``(job, index, ok, value)``: for a chunk ``value`` is ``(results, seconds)``;
     an exception is returned as a report (``ok`` False), not raised, so the stream goes on."""
+    if item is None:
+        return None  # padding of a merged chunk (see _pack_items)
     job, index, fn, arg, mode = item
     out: list = []
     try:
@@ -231,7 +233,41 @@ def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
         raise
     except BaseException as e:  # noqa: BLE001 - sent to the caller, raised there
         where = index + len(out) if mode != _TASK else None
-        return job, index, False, error_report("task", device, where, e, "hook")
+        report = error_report("task", device, where, e, "hook")
+        if out:
+            report["partial"] = out  # the chunk's results before the failing item
+        return job, index, False, report
+
+
+def _pack_items(items: list) -> list:
+    """Merges runs of one-item chunks of one call (an iterator input is read item by item)
+    into one chunk followed by None for each item merged in, so the batch keeps its length:
+    one call of the worker's wrapper and one result tuple per run, not per item."""
+    out: list = []
+    run: Any = None  # the chunk being extended: [job, start, fn, args, mode]
+    run_at = 0  # its place in out
+    for item in items:
+        job, index, fn, arg, mode = item
+        if (
+            run is not None
+            and job == run[0]
+            and index == run[1] + len(run[3])
+            and mode == run[4]
+            and len(arg) == 1
+        ):
+            run[3].append(arg[0])
+            out.append(None)
+            continue
+        if run is not None:
+            out[run_at] = tuple(run)
+            run = None
+        if job and len(arg) == 1:
+            run = [job, index, fn, list(arg), mode]
+            run_at = len(out)
+        out.append(item)
+    if run is not None:
+        out[run_at] = tuple(run)
+    return out
 
 
 def _fix_unsendable(results: list, device: str) -> list:
@@ -239,8 +275,11 @@ def _fix_unsendable(results: list, device: str) -> list:
     whose results do not pickle becomes an error report, so only its own call fails, not
     every call and future sharing the stream."""
     dumps = _CODEC[0].dumps
-    fixed = []
+    fixed: list = []
     for r in results:
+        if r is None:
+            fixed.append(r)
+            continue
         job, index, ok, value = r
         if ok:
             try:
@@ -252,6 +291,8 @@ def _fix_unsendable(results: list, device: str) -> list:
                 what = wire.describe_unpicklable(out[k : k + 1])
                 err["message"] = f"the result is not picklable: {what}"
                 r = (job, index, False, err)
+        elif "partial" in value and not _picklable(value["partial"]):
+            del value["partial"]  # the call's error is then raised at its chunk's start
         fixed.append(r)
     return fixed
 
@@ -280,6 +321,7 @@ class _TaskHooks:
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
+    _pack_batch = staticmethod(_pack_items)
 
     _pool: Any = None  # weakref.ref to the Pool, set by it
 
@@ -738,7 +780,10 @@ class Pool:
         run: list = []
         seconds = 0.0
         count = 0
-        for jid, index, ok, value in results:
+        for r in results:
+            if r is None:
+                continue  # padding of a merged chunk
+            jid, index, ok, value = r
             if jid == 0:
                 self._settle(index, ok, value)
                 continue
@@ -756,6 +801,10 @@ class Pool:
                 if run_jid:
                     self._deliver(jobs.get(run_jid), run_start, True, run)
                     run_jid = 0
+                partial = value.pop("partial", None)
+                if partial:  # results of the chunk before its failing item
+                    self._deliver(jobs.get(jid), index, True, partial)
+                    index += len(partial)
                 self._deliver(jobs.get(jid), index, False, value)
         if run_jid:
             self._deliver(jobs.get(run_jid), run_start, True, run)

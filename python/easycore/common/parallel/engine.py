@@ -526,6 +526,11 @@ class BaseRunner(RunnerHooks):
         """How items and results are pickled (the torch flavour sends tensors out of band)."""
         return wire.Codec()
 
+    _pack_batch: Any = None  # None, or a function list -> list
+    """Rewrites a batch of input items before it is pickled, keeping its length (the engine
+    counts items, and ``producer_work`` returns one result per entry). The pool merges an
+    iterator's single-item chunks into one chunk padded with None."""
+
     def _drop_unsendable(self, items: list, first: int, error: Exception) -> list:
         """Called when a batch of input items cannot be pickled: returns the items to send
         anyway (the others are dropped), or raises. A runner raises: the call fails with
@@ -1173,6 +1178,9 @@ class _Call:
         items = self._next_items()
         if items is None:
             return None
+        pack = self.runner._pack_batch
+        if pack is not None:
+            items = pack(items)
         first = self.next_item
         try:
             parts = self.codec.dumps((first, items))
