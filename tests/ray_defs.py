@@ -7,6 +7,7 @@ import os
 import time
 
 import numpy as np
+import runner_defs as rd
 from easycore.common.parallel import OrderedRunner, UnorderedRunner, worker_info
 
 
@@ -17,17 +18,9 @@ class Square(OrderedRunner):
     def producer_work(device, cfg, data):
         return data * data
 
-    @staticmethod
-    def consumer_init(cfg):
-        cfg.out = []
-
-    @staticmethod
-    def consumer_work(cfg, data):
-        cfg.out.append(data)
-
-    @staticmethod
-    def consumer_end(cfg):
-        return cfg.out
+    consumer_init = rd.Collect.consumer_init
+    consumer_work = rd.Collect.consumer_work
+    consumer_end = rd.Collect.consumer_end
 
 
 class Jitter(OrderedRunner):

@@ -4,6 +4,7 @@ producers import them)."""
 from __future__ import annotations
 
 import numpy as np
+import runner_defs as rd
 from easycore import shm
 from easycore.common.parallel import UnorderedRunner
 
@@ -26,17 +27,9 @@ class ShmResults(UnorderedRunner):
         _prev.append(a)
         return i, a, shm.is_shared(a), prev_ro
 
-    @staticmethod
-    def consumer_init(cfg):
-        cfg.out = []
-
-    @staticmethod
-    def consumer_work(cfg, data):
-        cfg.out.append(data)
-
-    @staticmethod
-    def consumer_end(cfg):
-        return cfg.out
+    consumer_init = rd.Collect.consumer_init
+    consumer_work = rd.Collect.consumer_work
+    consumer_end = rd.Collect.consumer_end
 
 
 class ShmViews(ShmResults):

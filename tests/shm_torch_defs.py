@@ -3,6 +3,7 @@ spawned producers import it)."""
 
 from __future__ import annotations
 
+import runner_defs as rd
 import torch
 from easycore.torch import shm as tshm
 from easycore.torch.parallel import UnorderedRunner
@@ -16,14 +17,6 @@ class TensorResults(UnorderedRunner):
         z = tshm.zeros_like(t)
         return i, t, z
 
-    @staticmethod
-    def consumer_init(cfg):
-        cfg.out = []
-
-    @staticmethod
-    def consumer_work(cfg, data):
-        cfg.out.append(data)
-
-    @staticmethod
-    def consumer_end(cfg):
-        return cfg.out
+    consumer_init = rd.Collect.consumer_init
+    consumer_work = rd.Collect.consumer_work
+    consumer_end = rd.Collect.consumer_end
