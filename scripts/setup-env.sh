@@ -15,7 +15,20 @@ export PATH="$VIRTUAL_ENV/bin:$PATH"
 stamp=.venv/.requirements-installed
 if [ ! -f "$stamp" ] || ! cmp -s requirements-dev.txt "$stamp"; then
     echo "== installing requirements-dev.txt (torch is large: the first time takes minutes)"
+    # torch's wheels and the CUDA libraries they pull in take about 8 GB installed. pip's cache
+    # would hold a second copy of their 3.5 GB of wheels, which a fresh CI machine never reads
+    # again, so CI installs without it; torch goes first, on its own, so that its downloaded
+    # wheels are gone before the rest arrive (the peak is then about 10 GB, not 15).
+    if [ "${CI:-}" = true ]; then
+        export PIP_NO_CACHE_DIR=1
+    fi
+    free_gb=$(df -Pk . | awk 'NR == 2 { print int($4 / 1048576) }')
+    if [ "$free_gb" -lt 11 ]; then
+        echo "setup-env.sh: warning: $free_gb GB free on $(df -P . | awk 'NR == 2 { print $6 }');" \
+             "the install needs about 11 GB while it runs (8 GB after)" >&2
+    fi
     python -m pip install -q --upgrade pip
+    python -m pip install -q "$(grep -E '^torch==' requirements-dev.txt)"
     python -m pip install -q -r requirements-dev.txt
     cp requirements-dev.txt "$stamp"
 fi

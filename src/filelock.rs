@@ -410,15 +410,33 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
-    fn tmp(name: &str) -> PathBuf {
-        std::env::temp_dir()
-            .join(format!("easycore-lock-test-{}", std::process::id()))
-            .join(name)
+    /// A test's own directory, removed when the test ends, failed or not (a test run leaves
+    /// nothing in the temporary directory).
+    struct TmpDir(PathBuf);
+
+    impl TmpDir {
+        fn new(test: &str) -> Self {
+            let dir = std::env::temp_dir()
+                .join(format!("easycore-lock-test-{}-{test}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            Self(dir)
+        }
+
+        fn join(&self, name: &str) -> PathBuf {
+            self.0.join(name)
+        }
+    }
+
+    impl Drop for TmpDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     #[test]
     fn excludes_a_second_handle_and_releases() {
-        let p = tmp("a.lock");
+        let dir = TmpDir::new("excl");
+        let p = dir.join("a.lock");
         let mut a = FileLock::new(&p);
         let mut b = FileLock::new(&p);
         assert!(a.try_acquire().unwrap());
@@ -438,7 +456,8 @@ mod tests {
     #[test]
     fn threads_take_turns() {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        let p = tmp("b.lock");
+        let dir = TmpDir::new("turns");
+        let p = dir.join("b.lock");
         let inside = Arc::new(AtomicUsize::new(0));
         let hs: Vec<_> = (0..4)
             .map(|_| {
@@ -462,7 +481,8 @@ mod tests {
     #[test]
     fn one_shared_object_makes_threads_wait() {
         use std::sync::atomic::{AtomicUsize, Ordering};
-        let lock = Arc::new(SharedFileLock::new(tmp("c.lock")));
+        let dir = TmpDir::new("shared");
+        let lock = Arc::new(SharedFileLock::new(dir.join("c.lock")));
         let inside = Arc::new(AtomicUsize::new(0));
         let hs: Vec<_> = (0..4)
             .map(|_| {
@@ -491,7 +511,8 @@ mod tests {
 
     #[test]
     fn a_removed_lock_file_is_not_trusted() {
-        let p = tmp("d.lock");
+        let dir = TmpDir::new("removed");
+        let p = dir.join("d.lock");
         let mut a = FileLock::new(&p);
         let mut b = FileLock::new(&p);
         assert!(a.try_acquire().unwrap());
@@ -513,7 +534,8 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn names_the_holding_pid() {
-        let p = tmp("e.lock");
+        let dir = TmpDir::new("holder");
+        let p = dir.join("e.lock");
         let mut a = FileLock::new(&p);
         assert!(a.try_acquire().unwrap());
         assert_eq!(flock_holder(&p), Some(std::process::id()));
