@@ -85,36 +85,6 @@ def test_errors_arriving_out_of_order_raise_the_earliest_never_hang(pool):
         assert "(item 0)" in str(ei.value)
 
 
-def test_pack_items_merges_runs_of_one_call_and_keeps_the_length():
-    from easycore.parallel.pool import _pack_items
-
-    f = pd.square
-    items = [
-        (1, 0, f, [10], 0),
-        (1, 1, f, [11], 0),
-        (1, 2, f, [12], 0),
-        (0, 7, None, b"task", 2),  # a submitted task is never merged
-        (1, 3, f, [13], 0),
-        (2, 0, f, [20], 0),  # another call
-        (2, 2, f, [22], 0),  # not contiguous
-        (3, 0, f, [1, 2], 0),  # already a chunk
-        (3, 2, f, [3], 0),
-    ]
-    out = _pack_items(list(items))
-    assert len(out) == len(items)
-    assert out == [
-        (1, 0, f, [10, 11, 12], 0),
-        None,
-        None,
-        (0, 7, None, b"task", 2),
-        (1, 3, f, [13], 0),
-        (2, 0, f, [20], 0),
-        (2, 2, f, [22], 0),
-        (3, 0, f, [1, 2], 0),
-        (3, 2, f, [3], 0),
-    ]
-
-
 @pytest.mark.parametrize("chunksize", [None, 500])
 def test_error_mid_chunk_yields_every_result_before_it(pool, chunksize):
     def f(x):
@@ -201,6 +171,61 @@ def test_input_that_waits_for_each_result_never_stalls():
                 out.append(r)
                 released.put(None)
             assert sorted(out) == [i * i for i in range(50)]
+
+
+def test_an_endless_feedback_call_does_not_starve_other_calls_or_tasks():
+    # A request/response loop that never ends holds the feed inside its input most of the
+    # time; a map from another thread and a submitted task must still get their turn
+    # (before, the feed stayed with the first call as long as it had room).
+    import queue
+
+    with Pool(2) as p:
+        released: queue.SimpleQueue = queue.SimpleQueue()
+        stop = threading.Event()
+        loops = [0]
+
+        def source():
+            i = 0
+            while not stop.is_set():
+                yield i
+                i += 1
+                released.get(timeout=30)
+
+        def feedback():
+            for _ in p.imap(pd.square, source()):
+                loops[0] += 1
+                released.put(None)
+
+        t = threading.Thread(target=feedback, daemon=True)
+        t.start()
+        out: dict = {}
+        other = threading.Thread(
+            target=lambda: out.update(m=p.map(pd.square, iter(range(300)))), daemon=True
+        )
+        other.start()
+        other.join(60)
+        assert out.get("m") == [x * x for x in range(300)], "the second call starved"
+        assert p.submit(pd.square, 12).result(timeout=60) == 144
+        stop.set()
+        t.join(60)
+        assert not t.is_alive() and loops[0] > 0
+
+
+def test_an_input_error_fails_its_own_call_while_another_streams(pool):
+    def bad():
+        yield from range(500)
+        raise OSError("input broke")
+
+    out: dict = {}
+    t = threading.Thread(
+        target=lambda: out.update(ok=list(pool.imap(pd.square, iter(range(5000))))),
+        daemon=True,
+    )
+    t.start()
+    with pytest.raises(OSError, match="input broke"):
+        list(pool.imap_unordered(pd.square, bad()))
+    t.join(60)
+    assert out.get("ok") == [x * x for x in range(5000)]
 
 
 def test_break_out_of_imap_leaves_the_pool_usable(pool):

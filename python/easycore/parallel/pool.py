@@ -14,9 +14,11 @@ How work travels::
                                   (engine: batches,    └─▶ futures (by task id)
                                    queues, producers)
 
-* The feed is the stream's input iterable: it takes queued ``submit`` tasks first, then items
-  of the open ``map``/``imap`` jobs in turn, each job at most ``window`` items ahead of what its
-  caller consumed (so a lazy input is read lazily and memory stays bounded).
+* The feed (``feed.py``) is the stream's input iterable: it takes queued ``submit`` tasks
+  first, then items of the open ``map``/``imap`` jobs in turn, each job at most ``window`` items
+  ahead of what its caller consumed (so a lazy input is read lazily and memory stays bounded).
+  An input iterator is read item by item at C speed, in segments that the engine's sender
+  packs into one work item per run of a job's items.
 * Every item is ``(job, index, function, argument, mode)``; a producer returns
   ``(job, index, ok, value)``. A task's exception is caught in the producer and re-raised in
   the caller as the runners do (a :class:`~easycore.errors.WorkerError` that is also an
@@ -55,15 +57,20 @@ from easycore.errors import (
     SerializationError,
     WorkerDiedError,
 )
+from easycore.parallel.feed import _ONE, _STAR, _TASK, Feed
 
 _TICK = 0.1  # seconds between checks while a thread waits
-_ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of an item
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 # Items a job may have ahead of its caller when its input is a range/list/tuple (already in
 # memory): large, so that cheap items travel in large chunks. Results are still bounded by
 # bytes (see Pool._bound_room), and any other input by ``window``.
 _SEQ_WINDOW = 16384
+# The pool's default ``window`` (items in flight in its stream, and an iterator job's read
+# ahead): as large, so that tiny items travel in batches of thousands (an engine batch is at
+# most a quarter of the window per worker). The engine bounds items in flight by bytes too,
+# input and results alike, so large items are held to a few.
+_WINDOW = 16384
 
 # ----- functions across processes -----
 
@@ -203,7 +210,7 @@ def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
     task. Returns ``(job, index, ok, value)``: for a chunk ``value`` is ``(results, seconds)``;
     an exception is returned as a report (``ok`` False), not raised, so the stream goes on."""
     if item is None:
-        return None  # padding of a merged chunk (see _pack_items)
+        return None  # padding of a merged chunk (see feed.Feed.pack)
     job, index, fn, arg, mode = item
     out: list = []
     try:
@@ -237,37 +244,6 @@ def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
         if out:
             report["partial"] = out  # the chunk's results before the failing item
         return job, index, False, report
-
-
-def _pack_items(items: list) -> list:
-    """Merges runs of one-item chunks of one call (an iterator input is read item by item)
-    into one chunk followed by None for each item merged in, so the batch keeps its length:
-    one call of the worker's wrapper and one result tuple per run, not per item."""
-    out: list = []
-    run: Any = None  # the chunk being extended: [job, start, fn, args, mode]
-    run_at = 0  # its place in out
-    for item in items:
-        job, index, fn, arg, mode = item
-        if (
-            run is not None
-            and job == run[0]
-            and index == run[1] + len(run[3])
-            and mode == run[4]
-            and len(arg) == 1
-        ):
-            run[3].append(arg[0])
-            out.append(None)
-            continue
-        if run is not None:
-            out[run_at] = tuple(run)
-            run = None
-        if job and len(arg) == 1:
-            run = [job, index, fn, list(arg), mode]
-            run_at = len(out)
-        out.append(item)
-    if run is not None:
-        out[run_at] = tuple(run)
-    return out
 
 
 def _fix_unsendable(results: list, device: str) -> list:
@@ -321,7 +297,6 @@ class _TaskHooks:
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
-    _pack_batch = staticmethod(_pack_items)
 
     _pool: Any = None  # weakref.ref to the Pool, set by it
 
@@ -376,6 +351,8 @@ class _Job:
         self.window = window
         self.room = room  # [items]: the pool's bound from the bytes per result (shared)
         self.cv = threading.Condition(threading.Lock())
+        # Lists of results not handed out yet: by input index of their first (ordered), or
+        # in arrival order.
         self.ready: dict[int, Any] | collections.deque = {} if ordered else collections.deque()
         self.next_index = 0  # ordered: the next index to hand out
         self.pulled = 0  # items read from the input (by the feed)
@@ -408,7 +385,7 @@ class _Job:
             elif self.ordered:
                 self.ready[index] = value  # type: ignore[index]
             else:
-                self.ready.extend(value)  # type: ignore[union-attr]
+                self.ready.append(value)  # type: ignore[union-attr]
             if self.waiting:
                 self.cv.notify()
 
@@ -423,110 +400,6 @@ class _Job:
     def wake(self) -> None:
         with self.cv:
             self.cv.notify_all()
-
-
-class _Feed:
-    """The input of the pool's stream (read by the engine's input thread): queued tasks first,
-    then the open jobs' items in turn. Ends when its stream is replaced or the pool closes."""
-
-    def __init__(self, pool: Pool, generation: int) -> None:
-        self.pool = pool
-        self.generation = generation
-        self.current: _Job | None = None
-
-    def __iter__(self) -> _Feed:
-        return self
-
-    def __next__(self) -> tuple:
-        pool = self.pool
-        job = self.current
-        # Fastest path: the next item of an iterator job read item by item (no chunksize),
-        # while no task waits and the job has room.
-        if (
-            job is not None
-            and job.it is not None
-            and job.chunksize is None
-            and not pool._tasks
-            and not job.closed
-            and not job.input_done
-            and job.pulled - job.consumed < min(job.window, job.room[0])
-        ):
-            index = job.pulled
-            try:
-                x = next(job.it)
-            except StopIteration:
-                self._ended(job)
-            except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
-                job.fail(e)
-            else:
-                job.pulled = index + 1
-                return job.jid, index, job.fn, [x], job.mode
-        while True:
-            job = self.current
-            # Fast path: keep reading the current job while no task waits and it has room.
-            if job is None or (pool._tasks and not pool._feed_capped()) or not job.has_room():
-                chosen = self._choose()
-                if isinstance(chosen, tuple):
-                    return chosen  # a submitted task
-                self.current = job = chosen
-            index = job.pulled
-            ahead = min(job.window, job.room[0]) - (index - job.consumed)
-            # An iterator is read item by item unless a chunksize was asked for: a chunk would
-            # wait for items that may only come once earlier results are out (feedback inputs).
-            # The engine still packs what has been read into large messages.
-            auto = pool._auto_chunk(job) if job.seq is not None else 1
-            size = max(1, min(job.chunksize or auto, ahead))
-            try:
-                if job.seq is not None:
-                    items = job.seq[index : index + size]
-                elif size == 1:
-                    items = [next(job.it)]  # type: ignore[arg-type]
-                else:
-                    items = list(itertools.islice(job.it, size))  # type: ignore[arg-type]
-            except StopIteration:
-                items = []
-            except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
-                job.fail(e)
-                continue
-            job.pulled = index + len(items)  # before input_done: the caller checks both
-            if len(items) < size:
-                self._ended(job)
-                if not items:
-                    continue
-            return job.jid, index, job.fn, items, job.mode
-
-    def _ended(self, job: _Job) -> None:
-        """``job``'s input is over (``job.pulled`` counts every item read)."""
-        job.input_done = True
-        job.wake()
-        self.pool._wake_feed()
-
-    def _choose(self) -> Any:
-        """A task item to send, or a job with room; waits for either. StopIteration at the end."""
-        pool = self.pool
-        with pool._cv:
-            while True:
-                if self.generation != pool._generation:
-                    raise StopIteration
-                while pool._tasks and len(pool._running) < pool._task_window:
-                    fut, tid, blob = pool._tasks.popleft()
-                    if fut.set_running_or_notify_cancel():
-                        pool._running[tid] = fut
-                        return 0, tid, None, blob, _TASK
-                jobs = pool._jobs
-                if jobs:
-                    # Round robin: rotate the job order so every open job gets its turn.
-                    order = list(jobs.values())
-                    start = pool._turn % len(order)
-                    pool._turn += 1
-                    for job in order[start:] + order[:start]:
-                        if job.has_room():
-                            return job
-                if pool._closing and not jobs and not pool._tasks:
-                    raise StopIteration  # closed, and every call and task was sent
-                pool._feed_waiting = True
-                pool._cv.wait(_TICK)
-                pool._feed_waiting = False
 
 
 _LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
@@ -635,9 +508,9 @@ class Pool:
         seed (int, optional): worker ``i`` seeds ``random``, numpy and torch with
             ``seed + i``; default a random base.
         window (int, optional): most items of one ``map``/``imap`` read ahead of what its
-            caller consumed; default as the runners' ``window`` for an input iterable, and
-            16384 for a range, list or tuple (already in memory; cheap items then travel in
-            large chunks). Results waiting for their caller are also bounded by bytes.
+            caller consumed, and most items in flight; default 16384, so that cheap items
+            travel in large batches. Items in flight and results waiting for their caller
+            are also bounded by bytes, so large items are held to a few.
         queue_scale (float): scales the shared-memory queues (as for the runners).
         close_timeout (float): seconds ``close()``/``join()`` leave the workers to exit.
         backend (str or object, optional): where the workers run, as for the runners:
@@ -682,6 +555,8 @@ class Pool:
         self._ids = itertools.count(1)
         self._turn = 0
         self._generation = 0
+        self._feed: Feed | None = None  # the current stream's input
+        self._cuts = 0  # times the feed was asked to end the segment it reads (see feed.py)
         self._feed_waiting = False
         self._closing = False
         self._terminated = False
@@ -691,7 +566,7 @@ class Pool:
             (init, initargs),
             queue_scale=queue_scale,
             start_method=start_method,
-            window=window,
+            window=window or _WINDOW,
             close_timeout=close_timeout,
             seed=seed,
             backend=backend,
@@ -750,8 +625,12 @@ class Pool:
                     generation = self._generation
                 try:
                     runner.activate()  # after a failure: restart the workers for new work
-                    call = engine._Call(runner, _Feed(self, generation), False, None, True)
+                    feed = Feed(self, generation)
+                    call = engine._Call(
+                        runner, feed, False, None, True, pack=feed.pack, recover=feed.recover
+                    )
                     self._call = call
+                    self._feed = feed
                     self._n_results = 0
                     route = self._route
                     for results in call.iterate_chunks():
@@ -764,6 +643,7 @@ class Pool:
                         return
         finally:
             self._call = None
+            self._feed = None
             try:
                 runner._shutdown(interrupt=self._terminated)
             except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
@@ -857,6 +737,7 @@ class Pool:
             self._running.clear()
             queued = list(self._tasks)
             self._tasks.clear()
+            self._cut_feed()
             self._cv.notify_all()
         for job in jobs:
             job.fail(error)
@@ -888,8 +769,12 @@ class Pool:
         most = max(1, job.window // (4 * len(self._runner.devices)))
         return max(1, min(int(_TARGET_CHUNK_S / cost), most))
 
-    def _feed_capped(self) -> bool:
-        return len(self._running) >= self._task_window
+    def _cut_feed(self) -> None:
+        """The feed ends the segment it reads after the current item (call under ``_cv``)."""
+        self._cuts += 1
+        feed = self._feed
+        if feed is not None:
+            feed.cut()
 
     def _wake_feed(self) -> None:
         if self._feed_waiting:
@@ -929,6 +814,7 @@ class Pool:
                 window = max(window, _SEQ_WINDOW)
             job = _Job(next(self._ids), f, iterable, mode, ordered, window, chunksize, self._room)
             self._jobs[job.jid] = job
+            self._cut_feed()  # its turn comes at the next segment
             self._cv.notify_all()
         return job
 
@@ -937,9 +823,17 @@ class Pool:
             job.closed = True
         with self._cv:
             self._jobs.pop(job.jid, None)
+            self._cut_feed()  # stop reading its input
             self._cv.notify_all()
 
     def _results(self, job: _Job, timeout: float | None, progress: bool = False) -> Iterator[Any]:
+        """The results of ``job``, one at a time: a C-level chain over the lists that
+        :meth:`_result_chunks` hands out (no Python frame per result)."""
+        return itertools.chain.from_iterable(self._result_chunks(job, timeout, progress))
+
+    def _result_chunks(
+        self, job: _Job, timeout: float | None, progress: bool
+    ) -> Iterator[list[Any]]:
         self._check_not_service()
         deadline = None if timeout is None else time.monotonic() + timeout
         bar = None
@@ -958,19 +852,23 @@ class Pool:
                         if self._terminated:
                             raise RunnerClosedError("the pool was terminated")
                         ready = job.ready
+                        n = 0  # results in got (a list of lists: none is copied)
                         if job.ordered:
                             got = []
                             i = job.next_index
                             stop = job.error_at if job.error is not None else -1
                             while i in ready and i != stop:
                                 chunk = ready.pop(i)  # type: ignore[call-overload]
-                                got.extend(chunk)
+                                got.append(chunk)
                                 i += len(chunk)
+                            n = i - job.next_index
                             job.next_index = i
                         else:
                             got = list(ready)
                             ready.clear()
-                        if got:
+                            for chunk in got:
+                                n += len(chunk)
+                        if n:
                             break
                         if job.input_done and job.consumed >= job.pulled:
                             return
@@ -983,12 +881,12 @@ class Pool:
                         job.cv.wait(wait)
                         job.waiting = False
                     full = job.pulled - job.consumed >= min(job.window, job.room[0])
-                    job.consumed += len(got)
+                    job.consumed += n
                 if full:  # the feed may wait for this job's room: wake it (under the lock)
                     with self._cv:
                         self._cv.notify_all()
                 if bar is not None:
-                    bar.update(len(got))
+                    bar.update(n)
                 yield from got
         except KeyboardInterrupt:
             # Ctrl-C: stop everything, as the runners do (busy workers are interrupted).
@@ -1163,6 +1061,7 @@ class Pool:
         with self._cv:
             self._check_open()
             self._tasks.append((fut, next(self._ids), blob))
+            self._cut_feed()  # a task goes ahead of the rest of a job's input
             self._cv.notify_all()
         return fut
 

@@ -37,7 +37,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -526,11 +526,6 @@ class BaseRunner(RunnerHooks):
         """How items and results are pickled (the torch flavour sends tensors out of band)."""
         return wire.Codec()
 
-    _pack_batch: Any = None  # None, or a function list -> list
-    """Rewrites a batch of input items before it is pickled, keeping its length (the engine
-    counts items, and ``producer_work`` returns one result per entry). The pool merges an
-    iterator's single-item chunks into one chunk padded with None."""
-
     def _drop_unsendable(self, items: list, first: int, error: Exception) -> list:
         """Called when a batch of input items cannot be pickled: returns the items to send
         anyway (the others are dropped), or raises. A runner raises: the call fails with
@@ -976,7 +971,12 @@ class _Call:
         timeout: float | None,
         is_imap: bool,
         read_ahead: bool = True,
+        pack: Callable[[list], list] | None = None,
+        recover: Callable[[BaseException], Iterator[Any] | None] | None = None,
     ) -> None:
+        """``pack`` (optional) turns each batch's items into what is sent (the same number
+        of items); ``recover`` (optional) is called by the input thread when the input raised
+        and returns the iterator to go on reading, or None (the call fails with the error)."""
         if timeout is not None and not timeout > 0:
             raise InvalidArgument(f"timeout must be positive or None, got {timeout!r}")
         self.runner = runner
@@ -1002,6 +1002,8 @@ class _Call:
         self.reader: threading.Thread | None = None
         self.read_ahead = read_ahead  # False: the receiving thread reads, one item at a time
         self.reader_done = self.seq_data is not None
+        self.pack = pack
+        self.recover = recover
         self.reader_waiting = False
         self.receiver_waiting = False
         self.attention = False  # receiver_waiting or abort: the reader's one check per item
@@ -1079,13 +1081,22 @@ class _Call:
                         self.reader_waiting = False
                     continue
                 got = 0
-                # islice pulls one item at a time: nothing is held back while next() blocks.
-                for got, x in enumerate(itertools.islice(it, room), 1):  # noqa: B007
-                    append(x)
-                    if self.attention:
-                        if self.abort:
-                            return
-                        self._input_arrived()
+                try:
+                    # islice pulls one item at a time: nothing is held back while next() blocks.
+                    for got, x in enumerate(itertools.islice(it, room), 1):  # noqa: B007
+                        append(x)
+                        if self.attention:
+                            if self.abort:
+                                return
+                            self._input_arrived()
+                except BaseException as e:
+                    # An input that survives its own errors (the pool's feed: one job's
+                    # input failed, the others go on) gives the iterator to go on with.
+                    it = self.recover(e) if self.recover is not None else None
+                    if it is None:
+                        raise
+                    read += got
+                    continue
                 read += got
                 if got < room:
                     break  # the input is over
@@ -1145,11 +1156,12 @@ class _Call:
         return max(1, min(bs, self.max_batch))
 
     def _window_now(self) -> int:
-        """Items allowed in flight: ``window``, fewer when results are large."""
-        out_bytes = self.runner._out_bytes_per_item
-        if out_bytes <= 0:
+        """Items allowed in flight: ``window``, fewer when items or results are large (the
+        items read ahead wait in this process's memory)."""
+        largest = max(self.bytes_per_item, self.runner._out_bytes_per_item)
+        if largest <= 0:
             return self.window
-        by_bytes = int(self.max_inflight_bytes / out_bytes)
+        by_bytes = int(self.max_inflight_bytes / largest)
         return max(1, min(self.window, by_bytes))
 
     def _next_items(self) -> Any:
@@ -1178,7 +1190,7 @@ class _Call:
         items = self._next_items()
         if items is None:
             return None
-        pack = self.runner._pack_batch
+        pack = self.pack
         if pack is not None:
             items = pack(items)
         first = self.next_item

@@ -1,0 +1,244 @@
+"""The pool's input: the iterable that the pool's one streaming runner call reads.
+
+The feed takes queued ``submit`` tasks first, then the open ``map``/``imap`` jobs in turn, each
+at most its room ahead of what its caller consumed (see ``pool.py``). What it hands the
+engine are *work items* ``(job, index, function, argument, mode)``; a producer returns
+``(job, index, ok, value)`` for each.
+
+**Why segments.** An input iterator must be read one item at a time: an input that yields
+item i+1 only once result i arrived (a feedback loop) would wait forever if the pool waited
+to fill a chunk. The engine's input thread does read item by item and its sender sends
+whatever has arrived. But a Python ``__next__`` per item, wrapping each item in its own work
+item, costs about a microsecond, more than the rest of the pool's path. So an iterator job is
+read in *segments*: a segment is a C-level iterator over the job's own items::
+
+    map(itemgetter(1), zip(iter(gate), job.it, counter))
+
+chained behind the others (``itertools.chain.from_iterable``), so the engine's input thread
+pulls the user's items with no Python frame of ours in between. The feed registers each
+segment (where it starts in the stream of raw items) before the engine sees its first item,
+and :meth:`Feed.pack`, run by the engine's sender on each batch, turns a run of one
+segment's raw items into one work item followed by ``None`` for each other item of the run
+(the engine counts items; a producer returns ``None`` for ``None``).
+
+A segment:
+
+* reads at most ``n`` items: the job's room when it began (``gate`` has ``n`` entries);
+* is *cut* between two items (``gate`` emptied, from any thread) when a task is submitted, a
+  job opens or closes, or the stream ends, so nothing waits behind a slow input for more
+  than the item being read;
+* counts what it read: ``counter`` (``iter(range(n))``) advances only after the job's
+  iterator yielded, so ``n - length_hint(counter)`` is exact, and a segment that read fewer
+  than ``n`` items and was not cut has seen the end of its input;
+* ends with the error of its input: the engine's input thread calls :meth:`Feed.recover`,
+  which fails that job only and hands back a new chain that goes on with the next segment.
+
+Ranges, lists and tuples are sliced into chunks (one work item each), an iterator with a
+``chunksize`` is read a chunk at a time, and a task is one work item: each travels as a
+segment of one premade item.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from easycore.parallel.pool import Pool, _Job
+
+_ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of a work item
+_TICK = 0.1  # seconds between checks while the feed waits for work
+_second = operator.itemgetter(1)
+
+
+class _Segment:
+    """A run of raw items in the stream: one job's items, or one premade work item."""
+
+    __slots__ = ("start", "job", "index", "n", "gate", "counter", "cut")
+
+    def __init__(self, start: int, job: _Job | None = None, index: int = 0, n: int = 1) -> None:
+        self.start = start  # position of its first raw item in the stream
+        self.job = job  # None: a premade work item (a task, or a chunk made by the feed)
+        self.index = index  # the job's input index of its first item
+        self.n = n  # most items it may read
+        # Emptied to cut the segment between two items; the counter advances only after the
+        # job's iterator yielded (zip asks gate, then the input, then counter).
+        self.gate: list | None = [None] * n if job is not None else None
+        self.counter: Iterator[int] | None = iter(range(n)) if job is not None else None
+        self.cut = False
+
+    def read(self) -> int:
+        """Items read so far."""
+        return self.n - operator.length_hint(self.counter) if self.counter is not None else 1
+
+
+class Feed:
+    """The input of one stream of a :class:`~easycore.parallel.Pool` (one generation):
+    iterated by the engine's input thread, :meth:`pack` called by its sender. Ends when the
+    stream is replaced or the pool closes."""
+
+    def __init__(self, pool: Pool, generation: int) -> None:
+        self.pool = pool
+        self.generation = generation
+        # Registered segments not yet packed, oldest first: the input thread appends, the
+        # sender pops from the left (each an atomic deque operation).
+        self.segs: deque[_Segment] = deque()
+        self.reading: _Segment | None = None  # the job segment the input thread is in
+        self.pos = 0  # raw items in every settled segment: where the next segment starts
+        self.packed = 0  # raw items packed so far (the sender's position in the stream)
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.chain.from_iterable(self._segments())
+
+    # ----- the input thread -----
+
+    def _segments(self) -> Iterator[Iterable[Any]]:
+        pool = self.pool
+        while True:
+            seg = self.reading
+            if seg is not None:
+                self._settle(seg, None)
+            try:
+                chosen, cuts = self._choose()
+            except StopIteration:
+                return
+            if isinstance(chosen, tuple):
+                yield self._premade(chosen)  # a submitted task
+                continue
+            job = chosen
+            index = job.pulled
+            ahead = min(job.window, job.room[0]) - (index - job.consumed)
+            if job.it is not None and job.chunksize is None:
+                seg = _Segment(self.pos, job, index, max(1, ahead))
+                self.segs.append(seg)  # registered before the engine sees its first item
+                self.reading = seg
+                if cuts != pool._cuts or job.closed:
+                    self.cut()  # something asked for a cut since _choose looked
+                # gate and counter hold n entries: zip stops at whichever ends first
+                read = zip(iter(seg.gate), job.it, seg.counter, strict=False)  # type: ignore[arg-type]
+                yield map(_second, read)
+                continue
+            # A range/list/tuple is sliced; an iterator with a chunksize waits to fill one.
+            auto = pool._auto_chunk(job) if job.seq is not None else 1
+            size = max(1, min(job.chunksize or auto, ahead))
+            try:
+                if job.seq is not None:
+                    items = job.seq[index : index + size]
+                else:
+                    items = list(itertools.islice(job.it, size))  # type: ignore[arg-type]
+            except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
+                job.fail(e)
+                continue
+            job.pulled = index + len(items)  # before input_done: the caller checks both
+            if len(items) < size:
+                self._ended(job)
+                if not items:
+                    continue
+            yield self._premade((job.jid, index, job.fn, items, job.mode))
+
+    def _premade(self, item: tuple) -> tuple:
+        self.segs.append(_Segment(self.pos))
+        self.pos += 1
+        return (item,)
+
+    def _settle(self, seg: _Segment, error: BaseException | None) -> None:
+        """The input thread is done with ``seg``: counts what it read; its job's input is over
+        if it read less than it could without being cut, or failed with ``error``."""
+        job = seg.job
+        got = seg.read()
+        self.pos += got
+        self.reading = None
+        job.pulled = seg.index + got  # type: ignore[union-attr]
+        if error is not None:
+            job.fail(error)  # type: ignore[union-attr]
+        elif got < seg.n and not seg.cut:
+            self._ended(job)  # type: ignore[arg-type]
+
+    def recover(self, error: BaseException) -> Iterator[Any] | None:
+        """The engine's input thread got ``error`` from the feed. The input of the job being
+        read raised: that job fails, and the returned chain goes on with the next segment.
+        Anything else is the feed's own failure (None: the stream fails)."""
+        seg = self.reading
+        if seg is None:
+            return None
+        self._settle(seg, error)
+        return iter(self)
+
+    def _ended(self, job: _Job) -> None:
+        """``job``'s input is over (``job.pulled`` counts every item read)."""
+        job.input_done = True
+        job.wake()
+        self.pool._wake_feed()
+
+    def _choose(self) -> tuple[Any, int]:
+        """A task item to send, or a job with room, and the pool's cut count when chosen;
+        waits for either. StopIteration at the end."""
+        pool = self.pool
+        with pool._cv:
+            while True:
+                if self.generation != pool._generation:
+                    raise StopIteration
+                while pool._tasks and len(pool._running) < pool._task_window:
+                    fut, tid, blob = pool._tasks.popleft()
+                    if fut.set_running_or_notify_cancel():
+                        pool._running[tid] = fut
+                        return (0, tid, None, blob, _TASK), pool._cuts
+                jobs = pool._jobs
+                if jobs:
+                    # Round robin: rotate the job order so every open job gets its turn.
+                    order = list(jobs.values())
+                    start = pool._turn % len(order)
+                    pool._turn += 1
+                    for job in order[start:] + order[:start]:
+                        if job.has_room():
+                            return job, pool._cuts
+                if pool._closing and not jobs and not pool._tasks:
+                    raise StopIteration  # closed, and every call and task was sent
+                pool._feed_waiting = True
+                pool._cv.wait(_TICK)
+                pool._feed_waiting = False
+
+    def cut(self) -> None:
+        """Ends the segment being read after the item being read (any thread)."""
+        seg = self.reading
+        if seg is not None and seg.gate is not None:
+            seg.cut = True
+            del seg.gate[:]
+
+    # ----- the engine's sender -----
+
+    def pack(self, items: list) -> list:
+        """A batch of raw items (the next ``len(items)`` of the stream) -> work items: one
+        per run of a segment's items, followed by None for each other item of the run, and
+        premade items as they are. Keeps the batch's length."""
+        segs = self.segs
+        pos = self.packed
+        end = pos + len(items)
+        out: list = []
+        i = 0
+        while pos < end:
+            seg = segs[0]
+            # Items beyond the last registered segment's start are its own: the input
+            # thread registers a segment before the engine reads its first item.
+            nxt = segs[1].start if len(segs) > 1 else end
+            if nxt <= pos:
+                segs.popleft()  # used up (or empty)
+                continue
+            upto = min(end, nxt)
+            m = upto - pos
+            job = seg.job
+            if job is None:
+                out.append(items[i])
+            else:
+                out.append(
+                    (job.jid, seg.index + pos - seg.start, job.fn, items[i : i + m], job.mode)
+                )
+                if m > 1:
+                    out += [None] * (m - 1)
+            pos = upto
+            i += m
+        self.packed = end
+        return out

@@ -1,0 +1,235 @@
+"""The pool's feed (easycore/parallel/feed.py) driven by hand, without processes: what the
+engine's input thread reads and what its sender packs must cover every input item exactly
+once, at its index, however batches cut the segments; cuts, input errors and ends."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from concurrent.futures import Future
+
+import pytest
+from easycore.parallel.feed import _ONE, _TASK, Feed
+from easycore.parallel.pool import _Job
+
+
+def fn(x):
+    return x
+
+
+class FakePool:
+    """What the feed reads of its pool."""
+
+    def __init__(self) -> None:
+        self._cv = threading.Condition(threading.Lock())
+        self._tasks: collections.deque = collections.deque()
+        self._running: dict = {}
+        self._task_window = 4
+        self._jobs: dict = {}
+        self._turn = 0
+        self._closing = False
+        self._generation = 0
+        self._cuts = 0
+        self._feed_waiting = False
+        self.feed: Feed | None = None
+
+    def _auto_chunk(self, job: _Job) -> int:
+        return 3
+
+    def _wake_feed(self) -> None:
+        pass
+
+    def open(self, jid: int, data, window: int = 100, chunksize: int | None = None) -> _Job:
+        job = _Job(jid, fn, data, _ONE, True, window, chunksize, [10**6])
+        self._jobs[jid] = job
+        self.cut()
+        return job
+
+    def submit(self, tid: int) -> None:
+        self._tasks.append((Future(), tid, b"blob%d" % tid))
+        self.cut()
+
+    def cut(self) -> None:
+        self._cuts += 1
+        if self.feed is not None:
+            self.feed.cut()
+
+
+def unpack(work: list) -> list:
+    """Packed work items -> (job, index, argument) per input item, in stream order (None
+    entries pad a merged run so that a batch keeps its length)."""
+    out = []
+    for w in work:
+        if w is None:
+            continue
+        jid, index, f, arg, mode = w
+        if mode == _TASK:
+            out.append((0, index, arg))
+            continue
+        assert f is fn
+        out.extend((jid, index + k, x) for k, x in enumerate(arg))
+    return out
+
+
+def read(it, n: int) -> list:
+    return [next(it) for _ in range(n)]
+
+
+@pytest.mark.parametrize("batch", [1, 2, 3, 7, 50])
+def test_packed_batches_cover_every_item_once_at_its_index(batch):
+    pool = FakePool()
+    feed = Feed(pool, 0)
+    pool.feed = feed
+    pool.open(1, (x for x in "abcdefghij"), window=4)  # segments of at most 4 items
+    pool.open(2, [10, 11, 12, 13, 14])  # a list: premade chunks of 3
+    it = iter(feed)
+    raw = []
+    packed = []
+    job1, job2 = pool._jobs[1], pool._jobs[2]
+    while len(raw) < 12:  # job 1's 10 items and job 2's two chunks
+        raw += read(it, 1)
+        if len(raw) % batch == 0:
+            packed += feed.pack(raw[len(packed) :])
+        # the callers consume what was read: room for the next segment
+        job1.consumed, job2.consumed = job1.pulled, job2.pulled
+    pool._closing = True
+    pool._jobs.clear()
+    assert list(it) == []  # the next read finds job 1's end, then the stream's
+    assert job1.input_done and job2.input_done
+    packed += feed.pack(raw[len(packed) :])
+    assert len(packed) == len(raw)
+    items = unpack(packed)
+    assert sorted((j, i, x) for j, i, x in items if j == 1) == [
+        (1, i, x) for i, x in enumerate("abcdefghij")
+    ]
+    assert sorted((j, i, x) for j, i, x in items if j == 2) == [(2, i, 10 + i) for i in range(5)]
+    assert job1.pulled == 10 and job2.pulled == 5
+
+
+def test_a_submitted_task_cuts_the_segment_and_goes_first():
+    pool = FakePool()
+    feed = Feed(pool, 0)
+    pool.feed = feed
+    job = pool.open(1, iter(range(100)))
+    it = iter(feed)
+    assert read(it, 2) == [0, 1]  # one segment of up to 100 items
+    pool.submit(7)  # between two reads: the segment ends before its next item
+    task = next(it)
+    assert task[0] == 0 and task[4] == _TASK
+    assert job.pulled == 2 and not job.input_done, "a cut is not the end of the input"
+    assert read(it, 2) == [2, 3]
+    assert unpack(feed.pack([0, 1, task, 2, 3])) == [
+        (1, 0, 0),
+        (1, 1, 1),
+        (0, 7, b"blob7"),
+        (1, 2, 2),
+        (1, 3, 3),
+    ]
+
+
+def test_an_input_error_fails_its_job_only_and_the_feed_goes_on():
+    pool = FakePool()
+    feed = Feed(pool, 0)
+    pool.feed = feed
+
+    def bad():
+        yield from (1, 2, 3)
+        raise ValueError("input broke")
+
+    job1 = pool.open(1, bad())
+    it = iter(feed)
+    assert read(it, 3) == [1, 2, 3]
+    with pytest.raises(ValueError) as ei:
+        next(it)
+    it = feed.recover(ei.value)
+    assert it is not None
+    assert job1.pulled == 3 and isinstance(job1.error, ValueError) and job1.input_done
+    del pool._jobs[1]
+    job2 = pool.open(2, iter("xy"))
+    assert read(it, 2) == ["x", "y"]
+    pool._closing = True
+    del pool._jobs[2]
+    assert list(it) == [], "closed with nothing left: the stream's input ends"
+    assert job2.input_done and job2.pulled == 2
+    assert unpack(feed.pack([1, 2, 3, "x", "y"])) == [
+        (1, 0, 1),
+        (1, 1, 2),
+        (1, 2, 3),
+        (2, 0, "x"),
+        (2, 1, "y"),
+    ]
+
+
+def test_the_feeds_own_failure_is_not_recovered():
+    pool = FakePool()
+    feed = Feed(pool, 0)
+    assert feed.recover(RuntimeError("not from a job's input")) is None
+
+
+def test_a_closed_job_is_not_read_further():
+    pool = FakePool()
+    feed = Feed(pool, 0)
+    pool.feed = feed
+    job = pool.open(1, iter(range(1000)))
+    it = iter(feed)
+    assert read(it, 3) == [0, 1, 2]
+    job.closed = True
+    del pool._jobs[1]
+    pool.cut()
+    pool._closing = True
+    assert list(it) == []
+    assert job.pulled == 3 and not job.input_done
+
+
+def test_window_bounds_each_segment():
+    pool = FakePool()
+    feed = Feed(pool, 0)
+    pool.feed = feed
+    job = pool.open(1, iter(range(1000)), window=5)
+    it = iter(feed)
+    assert read(it, 5) == [0, 1, 2, 3, 4]
+    done = threading.Event()
+
+    def more():
+        next(it)
+        done.set()
+
+    t = threading.Thread(target=more, daemon=True)
+    t.start()
+    assert not done.wait(0.3), "read past the window while the caller consumed nothing"
+    assert job.pulled == 5
+    with pool._cv:
+        job.consumed = 2
+        pool._cv.notify_all()
+    assert done.wait(5)
+    t.join(5)
+
+
+def test_a_cut_while_the_input_blocks_takes_effect_after_that_item():
+    pool = FakePool()
+    feed = Feed(pool, 0)
+    pool.feed = feed
+    release = threading.Event()
+
+    def slow():
+        yield 0
+        release.wait(10)
+        yield 1
+        yield 2
+
+    job = pool.open(1, slow())
+    it = iter(feed)
+    assert next(it) == 0
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(next(it)), daemon=True)
+    t.start()
+    t.join(0.2)
+    assert t.is_alive(), "the reader waits inside the input"
+    pool.submit(5)  # cut while next() blocks
+    release.set()
+    t.join(10)
+    assert got == [1]  # the item being read is kept
+    task = next(it)
+    assert task[0] == 0 and task[1] == 5
+    assert next(it) == 2
+    assert job.pulled == 2
