@@ -41,6 +41,7 @@ from typing import Any
 
 from easycore.bench import reference
 from easycore.bench.workloads import HOOKS, Workload, torch_available
+from easycore.parallel import context as pool_context
 
 
 @dataclass
@@ -558,10 +559,9 @@ def _ec_pool_init(hooks: type) -> tuple[type, str, Any]:
 
 
 def _ec_pool_work(data: Any) -> Any:
-    """easycore Pool task: ``producer_work`` on one item, with the worker's context."""
-    from easycore.parallel import context
-
-    hooks, device, cfg = context()
+    """easycore Pool task: ``producer_work`` on one item, with the worker's context (as
+    ``_worker_work`` does for multiprocessing.Pool: no import statement per item)."""
+    hooks, device, cfg = pool_context()
     return hooks.producer_work(device, cfg, data)
 
 
