@@ -133,6 +133,25 @@ def test_imap_reads_a_lazy_input_bounded_in_flight():
         assert ahead <= 2 * 16 + 1
 
 
+def test_large_inputs_are_not_read_a_window_ahead():
+    # The pool's window is 16384 items; 4 MiB inputs are bounded by bytes instead (a ring of
+    # 8 MiB: about 16 MiB in flight).
+    nbytes = 4 << 20
+    read = [0]
+
+    def source():
+        for _ in range(100):
+            read[0] += 1
+            yield b"x" * nbytes
+
+    with Pool(2, queue_scale=0.25) as p:
+        ahead = 0
+        for i, n in enumerate(p.imap(len, source())):
+            assert n == nbytes
+            ahead = max(ahead, read[0] - i - 1)
+    assert ahead <= 2 * (8 << 20) // nbytes + 8, ahead
+
+
 def test_feedback_input_item_exists_only_after_previous_result():
     # Item i+1 is made from result i: needs the input to be read while results flow.
     with Pool(2) as p:

@@ -151,6 +151,38 @@ def test_large_results_bound_items_in_flight_by_bytes():
     assert max(lag) <= 2 * ring // nbytes + 2, max(lag)
 
 
+def test_large_inputs_bound_items_read_ahead_by_bytes():
+    # Items read ahead wait in the caller's memory: 4 MiB inputs with a small ring (8 MiB,
+    # about 16 MiB in flight) must not be read up to the window (1536 items: all 120 here)
+    # ahead, from the first call on (before, the first read took a whole window at once).
+    nbytes = 4 << 20
+    read: list[int] = []
+    delivered: list[int] = []
+    lag: list[int] = []
+
+    class Sizes(rd.Collect):
+        @staticmethod
+        def producer_work(device, cfg, data):
+            time.sleep(0.002)
+            return len(data)
+
+        @staticmethod
+        def consumer_work(cfg, data):
+            delivered.append(1)
+            cfg.out.append(data)
+
+    def gen(n):
+        for _ in range(n):
+            read.append(1)
+            lag.append(len(read) - len(delivered))
+            yield b"x" * nbytes
+
+    with Sizes(devices=2, queue_scale=0.25, window=1536, start_method="fork") as r:
+        assert r(gen(120)) == [nbytes] * 120
+    ring = 8 << 20
+    assert max(lag) <= 2 * ring // nbytes + 8, max(lag)
+
+
 def test_memory_stays_flat_when_one_producer_stalls():
     def rss_kib() -> int:
         with open("/proc/self/status") as f:

@@ -1080,10 +1080,13 @@ class _Call:
                             self.cond.wait(_TICK)
                         self.reader_waiting = False
                     continue
+                # A few batches at a time, so that the room is weighed again as the sizes of
+                # items and results become known (large items are held to a few in flight).
+                step = min(room, 2 * self._batch_size())
                 got = 0
                 try:
                     # islice pulls one item at a time: nothing is held back while next() blocks.
-                    for got, x in enumerate(itertools.islice(it, room), 1):  # noqa: B007
+                    for got, x in enumerate(itertools.islice(it, step), 1):  # noqa: B007
                         append(x)
                         if self.attention:
                             if self.abort:
@@ -1098,7 +1101,7 @@ class _Call:
                     read += got
                     continue
                 read += got
-                if got < room:
+                if got < step:
                     break  # the input is over
         except BaseException as e:  # noqa: BLE001 - raised in the receiving thread
             self.input_error = e
