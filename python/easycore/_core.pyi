@@ -25,6 +25,7 @@ __all__ = [
     "identity",
     "exit_when_dead",
     "retire_identity",
+    "_prepare_exit",
     "SHM_PREFIX",
 ]
 
@@ -163,3 +164,8 @@ def owner_alive(tag: str) -> bool: ...
 def identity() -> str: ...
 def exit_when_dead(owner_tag: str, exit_code: int = 70) -> None: ...
 def retire_identity() -> None: ...
+def _prepare_exit() -> None:
+    """The ``atexit`` hook this module registers when first imported: from then on, threads
+    other than the main thread that come back from a wait in easycore park instead of taking
+    the GIL back, so that the interpreter's finalization cannot end them inside Rust (which
+    aborts the process). Not for direct use."""

@@ -21,7 +21,7 @@ pub(crate) struct BorrowedParts {
 
 // SAFETY: the struct only carries raw views whose memory stays valid while the exporting
 // objects are alive, which the caller guarantees by holding references to them; the views are
-// read (not released) from other threads only inside `py.detach`, and released with the GIL.
+// read (not released) from other threads only inside `detach`, and released with the GIL.
 unsafe impl Send for BorrowedParts {}
 // SAFETY: as above: shared access only reads the pointers and lengths.
 unsafe impl Sync for BorrowedParts {}

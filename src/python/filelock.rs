@@ -1,5 +1,6 @@
 //! `easycore._core.FileLock`: the core's inter-process file lock for Python.
 
+use super::detach::detach;
 use super::errors::{make, IntoPy};
 use super::{check_timeout, deadline, expired, tick};
 use crate::filelock::{Holder, SharedFileLock};
@@ -22,7 +23,7 @@ impl PyFileLock {
         let d = deadline(block, timeout)?;
         loop {
             let t = tick(d);
-            if py.detach(|| self.inner.acquire_until(Some(t))).py_err()? {
+            if detach(py, || self.inner.acquire_until(Some(t))).py_err()? {
                 return Ok(true);
             }
             if expired(d) {

@@ -2,6 +2,7 @@
 //! error mapping; the logic lives in the pure-Rust modules.
 
 mod buffers;
+mod detach;
 mod errors;
 mod filelock;
 mod lease;
@@ -114,5 +115,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(exit_when_dead, m)?)?;
     m.add_function(wrap_pyfunction!(retire_identity, m)?)?;
     m.add("SHM_PREFIX", crate::shm::NAME_PREFIX)?;
+    detach::register(m)?;
     Ok(())
 }

@@ -10,6 +10,7 @@
 //! queue lock; a `put` of one `bytes` object skips the buffer protocol and allocates nothing.
 
 use super::buffers::{BorrowedParts, ShmBuffer};
+use super::detach::detach;
 use super::errors::{make, to_py, IntoPy};
 use super::lease::{match_parts, Matched, ShmLease};
 use super::{check_timeout, deadline, expired, tick};
@@ -145,7 +146,7 @@ impl PyQueue {
         let result = loop {
             let t = tick(deadline);
             let rest = &msgs[done..];
-            match py.detach(|| self.q.put_many(rest, Some(t))) {
+            match detach(py, || self.q.put_many(rest, Some(t))) {
                 Ok(n) => done += n,
                 Err(CoreError::Full) => {}
                 Err(CoreError::Partial { done: n, source }) => {
@@ -197,7 +198,7 @@ impl PyQueue {
         let start = Instant::now();
         let result = loop {
             let t = tick(deadline);
-            match py.detach(|| self.q.put_refs(seq, kind, &parts, &refs, Some(t))) {
+            match detach(py, || self.q.put_refs(seq, kind, &parts, &refs, Some(t))) {
                 Ok(()) => break Ok(true),
                 Err(CoreError::Full) => {}
                 Err(CoreError::Invalid(_)) => break Ok(false),
@@ -236,7 +237,7 @@ impl PyQueue {
         let start = Instant::now();
         let result = loop {
             let t = tick(deadline);
-            match py.detach(|| self.q.claim(max, Some(t))) {
+            match detach(py, || self.q.claim(max, Some(t))) {
                 Ok(c) => break Ok(c),
                 Err(CoreError::Empty | CoreError::Busy { .. }) => {}
                 Err(e) => break Err(to_py(py, e)),
@@ -324,7 +325,7 @@ impl PyQueue {
             out.push(message(py, c.seq, c.kind, parts)?);
         }
         if !copies.0.is_empty() {
-            py.detach(move || {
+            detach(py, move || {
                 let copies = copies;
                 for (src, dst, len) in copies.0 {
                     // SAFETY: see `Copies`; source and destination do not overlap.
@@ -363,7 +364,7 @@ impl PyQueue {
             pool_bytes,
             pool_min,
         };
-        let mut q = py.detach(|| Queue::create(&cfg)).py_err()?;
+        let mut q = detach(py, || Queue::create(&cfg)).py_err()?;
         q.set_spin(Duration::from_micros(spin_us));
         Ok(PyQueue {
             q,
@@ -470,7 +471,7 @@ impl PyQueue {
     /// Pooled segments that no message holds are unlinked at once, the others when freed.
     fn close(&self, py: Python<'_>) {
         let deadline = Instant::now() + Duration::from_millis(500);
-        py.detach(|| self.q.close(Some(deadline)))
+        detach(py, || self.q.close(Some(deadline)))
     }
 
     /// The identity tag (`<pid>-<nonce>`) of the process that created the queue.
@@ -485,7 +486,7 @@ impl PyQueue {
     fn audit(&self, py: Python<'_>, timeout: f64) -> PyResult<()> {
         check_timeout(Some(timeout))?;
         let deadline = Instant::now() + Duration::from_secs_f64(timeout.min(1e6));
-        py.detach(|| self.q.audit(Some(deadline))).py_err()
+        detach(py, || self.q.audit(Some(deadline))).py_err()
     }
 
     /// Removes the segment's name (call once every process has attached).
@@ -495,7 +496,7 @@ impl PyQueue {
 
     /// Frees records left mid-write or mid-read by dead processes; returns how many.
     fn recover(&self, py: Python<'_>) -> usize {
-        py.detach(|| self.q.recover())
+        detach(py, || self.q.recover())
     }
 
     /// Puts one message. `parts` is a bytes-like object or a list/tuple of them.
@@ -547,7 +548,7 @@ impl PyQueue {
     fn lease(&self, py: Python<'_>, nbytes: usize, timeout: f64) -> PyResult<Option<ShmLease>> {
         check_timeout(Some(timeout))?;
         let d = Instant::now() + Duration::from_secs_f64(timeout.min(1e6));
-        let got = py.detach(|| self.q.lease_slot(nbytes as u64, Some(d)));
+        let got = detach(py, || self.q.lease_slot(nbytes as u64, Some(d)));
         match got {
             Ok(Some(w)) => Ok(Some(ShmLease::new(self.q.name(), nbytes, w))),
             Ok(None) => Ok(None),
@@ -637,7 +638,7 @@ impl PyQueue {
             }
             waited.get_or_insert_with(Instant::now);
             let t = tick(d);
-            py.detach(|| self.q.wait_readable(seen, Some(t)));
+            detach(py, || self.q.wait_readable(seen, Some(t)));
             if let Err(e) = py.check_signals() {
                 break Err(e);
             }
