@@ -23,7 +23,8 @@ segment's raw items into one work item followed by ``None`` for each other item 
 
 A segment:
 
-* reads at most ``n`` items: the job's room when it began (``gate`` has ``n`` entries);
+* reads at most ``n`` items: the job's room when it began, at most 4096 (``gate`` has ``n``
+  entries);
 * is *cut* between two items (``gate`` emptied, from any thread) when a task is submitted, a
   job opens or closes, or the stream ends, so nothing waits behind a slow input for more
   than the item being read;
@@ -52,6 +53,9 @@ if TYPE_CHECKING:
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of a work item
 _TICK = 0.1  # seconds between checks while the feed waits for work
 _second = operator.itemgetter(1)
+# Most items in one segment: its gate list is allocated whole, and a segment that a submit
+# cuts early would waste the rest (a few µs of bookkeeping per segment is nothing at this size).
+_SEGMENT_MAX = 4096
 
 
 class _Segment:
@@ -112,7 +116,7 @@ class Feed:
             index = job.pulled
             ahead = min(job.window, job.room[0]) - (index - job.consumed)
             if job.it is not None and job.chunksize is None:
-                seg = _Segment(self.pos, job, index, max(1, ahead))
+                seg = _Segment(self.pos, job, index, max(1, min(ahead, _SEGMENT_MAX)))
                 self.segs.append(seg)  # registered before the engine sees its first item
                 self.reading = seg
                 if cuts != pool._cuts or job.closed:
