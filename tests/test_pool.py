@@ -664,3 +664,57 @@ def test_unpicklable_result_or_argument_raises_and_the_pool_goes_on(pool):
         pool.map(pd.square, [threading.Lock()])
     assert pool.map(pd.square, range(4)) == [0, 1, 4, 9]
     assert pool.submit(pd.square, 3).result(timeout=60) == 9
+
+
+@pytest.mark.parametrize("window", [None, 8])
+def test_calls_tasks_breaks_and_input_errors_from_many_threads_stay_exact(window):
+    # The feed's cuts and segments under concurrent load: several threads run imap calls over
+    # generators of random length (some broken out of early, some whose input raises) while
+    # others submit tasks. Every call that finishes must return exactly its own results.
+    import random
+
+    errors: list = []
+
+    def caller(seed: int, p: Pool) -> None:
+        rnd = random.Random(seed)
+        try:
+            for _ in range(60 if window is None else 20):  # a window of 8 is slow
+                n = rnd.choice([0, 1, 7, 300, 5000])
+                kind = rnd.random()
+                offset = rnd.randrange(1000)
+
+                def gen(n=n, offset=offset, fail=kind < 0.15):
+                    for i in range(n):
+                        if fail and i == n // 2:
+                            raise KeyError("input broke")
+                        yield i + offset
+
+                fn = p.imap if rnd.random() < 0.5 else p.imap_unordered
+                if kind < 0.15 and n:
+                    with pytest.raises(KeyError):
+                        list(fn(pd.square, gen()))
+                elif kind < 0.3:
+                    got = []
+                    for r in fn(pd.square, gen()):
+                        got.append(r)
+                        if len(got) == 3:
+                            break
+                    assert len(got) == min(3, n)
+                elif kind < 0.45:
+                    futs = [p.submit(pd.add, i, offset) for i in range(20)]
+                    assert [f.result(timeout=60) for f in futs] == [i + offset for i in range(20)]
+                else:
+                    out = list(fn(pd.square, gen()))
+                    want = [(i + offset) ** 2 for i in range(n)]
+                    assert (out if fn == p.imap else sorted(out)) == want
+        except BaseException as e:  # noqa: BLE001 - reported by the main thread
+            errors.append(e)
+
+    with Pool(2, window=window) as p:
+        threads = [threading.Thread(target=caller, args=(s, p), daemon=True) for s in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(240)
+        assert not any(t.is_alive() for t in threads), "a call hung"
+    assert not errors, errors[:3]
