@@ -23,6 +23,9 @@
 //! its check and the GIL (counted in [`RETURNING`]). A thread checks after it counts
 //! itself, and the hook reads the count after it sets the flag; both use SeqCst, so at least
 //! one side sees the other.
+//!
+//! The flag is never cleared. A program that runs its exit hooks by hand
+//! (`atexit._run_exitfuncs()`) and then goes on would find its easycore threads parked.
 
 use pyo3::prelude::*;
 use std::ffi::{c_int, c_void, CStr};
@@ -108,8 +111,17 @@ fn _prepare_exit(py: Python<'_>) {
     }
 }
 
+/// In a forked child only the forking thread lives on, and it is not returning from a wait:
+/// the count it inherited would make the child's exit hook wait its full second for nobody.
+extern "C" fn reset_in_child() {
+    RETURNING.store(0, SeqCst);
+}
+
 /// Adds `_prepare_exit` to the module and registers it with `atexit`.
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    // SAFETY: registers a handler that only stores to an atomic, which is async-signal-safe
+    // as the child side of fork requires; the return value only reports ENOMEM.
+    unsafe { libc::pthread_atfork(None, None, Some(reset_in_child)) };
     m.add_function(wrap_pyfunction!(_prepare_exit, m)?)?;
     let hook = m.getattr("_prepare_exit")?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;
