@@ -180,7 +180,7 @@ def test_large_inputs_bound_items_read_ahead_by_bytes():
     with Sizes(devices=2, queue_scale=0.25, window=1536, start_method="fork") as r:
         assert r(gen(120)) == [nbytes] * 120
     ring = 8 << 20
-    assert max(lag) <= 2 * ring // nbytes + 8, max(lag)
+    assert max(lag) <= 2 * ring // nbytes + 12, max(lag)  # before: all 120
 
 
 def test_memory_stays_flat_when_one_producer_stalls():
