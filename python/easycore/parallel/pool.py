@@ -62,14 +62,11 @@ from easycore.parallel.feed import _ONE, _STAR, _TASK, Feed
 _TICK = 0.1  # seconds between checks while a thread waits
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
-# Items a job may have ahead of its caller when its input is a range/list/tuple (already in
-# memory): large, so that cheap items travel in large chunks. Results are still bounded by
-# bytes (see Pool._bound_room), and any other input by ``window``.
-_SEQ_WINDOW = 16384
-# The pool's default ``window`` (items in flight in its stream, and an iterator job's read
-# ahead): as large, so that tiny items travel in batches of thousands (an engine batch is at
-# most a quarter of the window per worker). The engine bounds items in flight by bytes too,
-# input and results alike, so large items are held to a few.
+# The pool's default ``window`` (items in flight in its stream, and a job's read ahead):
+# large, so that tiny items travel in batches of thousands (an engine batch is at most a
+# quarter of the window per worker). The engine bounds items in flight by bytes too, input
+# and results alike, and each job's results by bytes (Pool._bound_room), so large items are
+# held to a few.
 _WINDOW = 16384
 
 # ----- functions across processes -----
@@ -573,12 +570,11 @@ class Pool:
         )
         self._runner._pool = weakref.ref(self)
         self._window = self._runner._window
-        self._window_default = window is None
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
         # is still cancellable (it is "running" once sent), yet every worker has a next one.
         self._task_window = max(4, 2 * len(self._runner.devices))
         self._item_cost = 0.0  # worker seconds per map item, learned
-        self._room = [_SEQ_WINDOW]  # results a job may hold ahead of its caller (by bytes)
+        self._room = [_WINDOW]  # results a job may hold ahead of its caller (by bytes)
         self._n_results = 0  # map results received by the current stream
         self._service = threading.Thread(target=self._serve, name="easycore-pool", daemon=True)
         self._service.start()
@@ -758,7 +754,7 @@ class Pool:
         self._n_results += n_results
         per = call.stats.bytes_out / max(1, self._n_results)
         if per > 0:
-            self._room[0] = max(1, min(_SEQ_WINDOW, int(call.max_inflight_bytes / per)))
+            self._room[0] = max(1, min(_WINDOW, int(call.max_inflight_bytes / per)))
 
     def _auto_chunk(self, job: _Job) -> int:
         """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done."""
@@ -810,8 +806,6 @@ class Pool:
         with self._cv:
             self._check_open()
             window = self._window
-            if type(iterable) in _SEQUENCES and self._window_default:
-                window = max(window, _SEQ_WINDOW)
             job = _Job(next(self._ids), f, iterable, mode, ordered, window, chunksize, self._room)
             self._jobs[job.jid] = job
             self._cut_feed()  # its turn comes at the next segment
