@@ -133,6 +133,20 @@ def test_imap_reads_a_lazy_input_bounded_in_flight():
         assert ahead <= 2 * 16 + 1
 
 
+def test_single_items_after_chunks_are_batched_by_their_own_cost():
+    # One stream carries whole chunks (a range is sliced) and single items (an iterator).
+    # Batches were sized by the cost learned per item *sent*: after a map, a chunk's cost
+    # (thousands of values) made each later batch of single items a few items long.
+    with Pool(2) as p:
+        assert p.map(pd.square, range(100_000)) == [i * i for i in range(100_000)]
+        # Sized by the learned seconds per value: thousands (at most the window's quarter per
+        # worker). Before the fix: 16.
+        assert p._call._batch_size() >= 64, p._call._batch_size()
+        n = 20_000
+        assert sum(p.imap_unordered(pd.square, iter(range(n)))) == sum(i * i for i in range(n))
+        assert p._call._batch_size() >= 64, p._call._batch_size()
+
+
 def test_large_inputs_are_not_read_a_window_ahead():
     # The pool's window is 16384 items; 4 MiB inputs are bounded by bytes instead (a ring of
     # 8 MiB: about 16 MiB in flight).

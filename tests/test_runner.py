@@ -426,3 +426,26 @@ def test_base_and_flavour_classes_exist():
     assert issubclass(UnorderedRunner, BaseRunner) and issubclass(OrderedRunner, BaseRunner)
     assert BaseRunner.producer_work("cpu", CfgNode(), 5) == 5
     assert BaseRunner.consumer_end(CfgNode()) is None
+
+
+def test_a_batch_of_few_items_barely_moves_the_learned_cost():
+    # A batch's time includes a fixed part (unpickling, bookkeeping). The lone item each call
+    # starts with charged all of it to one item: its cost, 30 times the real one, made the
+    # next batches tenfold smaller. Now a sample weighs by its share of a full batch.
+    from types import SimpleNamespace
+
+    from easycore.common.parallel.engine import _Call
+
+    runner = SimpleNamespace(_cost_per_item=0.2e-6)
+    call = SimpleNamespace(
+        busy_seen={0: 0.0},
+        wait_seen={0: 0.0},
+        stats=SimpleNamespace(producer_busy_s={0: 0.0}, producer_wait_s={0: 0.0}),
+        runner=runner,
+        _batch_size=lambda: 2048,
+    )
+    _Call._learn(call, 0, 6e-6, 0.0, 1)  # one item, 6 µs: the fixed part
+    assert runner._cost_per_item < 0.21e-6  # before: 1.9e-6
+    # A full batch still teaches at the full rate.
+    _Call._learn(call, 0, 6e-6 + 2048 * 1e-6, 0.0, 2048)
+    assert 0.4e-6 < runner._cost_per_item < 0.5e-6

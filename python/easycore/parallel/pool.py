@@ -623,7 +623,14 @@ class Pool:
                     runner.activate()  # after a failure: restart the workers for new work
                     feed = Feed(self, generation)
                     call = engine._Call(
-                        runner, feed, False, None, True, pack=feed.pack, recover=feed.recover
+                        runner,
+                        feed,
+                        False,
+                        None,
+                        True,
+                        pack=feed.pack,
+                        recover=feed.recover,
+                        cost=self._cost_per_value,
                     )
                     self._call = call
                     self._feed = feed
@@ -656,10 +663,7 @@ class Pool:
         run: list = []
         seconds = 0.0
         count = 0
-        for r in results:
-            if r is None:
-                continue  # padding of a merged chunk
-            jid, index, ok, value = r
+        for jid, index, ok, value in filter(None, results):  # without the padding (None)
             if jid == 0:
                 self._settle(index, ok, value)
                 continue
@@ -689,6 +693,11 @@ class Pool:
             prev = self._item_cost
             self._item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
             self._bound_room(count)
+
+    def _cost_per_value(self) -> float:
+        """Worker seconds per input value, learned from the chunks done (0: not known yet);
+        the engine sizes its batches of single values by it."""
+        return self._item_cost
 
     def _unsendable(self, item: tuple, error: Exception) -> None:
         """Fails the call whose input chunk ``item`` could not be pickled."""
@@ -1192,7 +1201,7 @@ class Pool:
         call = self._call
         if call is not None:
             call.abort = True
-            call.attention = True
+            call.attention.set()
         self._fail_pending(RunnerClosedError("the pool was terminated"))
         self.join()
 
