@@ -155,6 +155,27 @@ def test_cli_quick_table_and_json(tmp_path: Path) -> None:
     assert "all results verified" in text
 
 
+def test_rounds_take_systems_in_turn_and_pool_their_repeats(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "bench.json"
+    args = ["--workloads", "tiny_unordered", "--items", "30", "--json", str(out)]
+    args += ["--systems", "reference,pool_imap", "--rounds", "3"]
+    args += [a for a in FAST if a != "--no-progress"]  # progress lines show the order
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    order = [line.split("] ", 1)[1] for line in captured.err.splitlines() if line.startswith("[")]
+    assert order == ["tiny_unordered / reference", "tiny_unordered / pool_imap"] * 3
+    assert "in each of 3 rounds" in captured.out
+    data = load(out)
+    assert data["settings"]["rounds"] == 3
+    for key in ("reference", "pool_imap"):
+        r = row(data, "tiny_unordered", key)
+        assert r["status"] == "ok" and len(r["samples"]) == 3  # 1 repeat in each round
+    with pytest.raises(SystemExit, match="--rounds"):
+        main(["--rounds", "0", "--workloads", "tiny_unordered"] + FAST)
+
+
 @pytest.mark.parametrize("extra_system", [WrongSystem], indirect=True)
 def test_wrong_system_is_reported(
     tmp_path: Path, extra_system: systems.System, capsys: pytest.CaptureFixture[str]

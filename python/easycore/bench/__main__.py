@@ -155,6 +155,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--workloads", help=f"comma-separated, from: {', '.join(WORKLOADS)}")
     ap.add_argument("--systems", help=f"comma-separated, from: {', '.join(SYSTEMS)}")
     ap.add_argument("--repeats", type=int, help="timed calls per system (default 3, quick 2)")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="measure every system of a workload this many times in turn, each time in a "
+        "fresh process, and pool the repeats (default 1); on a machine whose speed drifts, "
+        "each system then sees the same drift",
+    )
     ap.add_argument("--items", type=int, help="items per call for every workload")
     ap.add_argument(
         "--timeout", type=float, help="seconds per system and workload (default 600, quick 60)"
@@ -261,11 +269,15 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Workload], dict[str, 
     interrupted."""
     workloads, system_keys, devices, user_runner = plan(args)
     repeats = args.repeats or (2 if args.quick else 3)
+    rounds = args.rounds
+    if rounds < 1:
+        raise SystemExit(f"--rounds must be at least 1, got {rounds}")
     timeout = args.timeout or (60.0 if args.quick else 600.0)
     memcpy_mib = args.memcpy_mib or (128 if args.quick else 256)
     settings: dict[str, Any] = {
         "devices": devices,
         "repeats": repeats,
+        "rounds": rounds,
         "timeout": timeout,
         "quick": args.quick,
         "workloads": [w.name for w in workloads],
@@ -275,7 +287,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Workload], dict[str, 
         "runner": args.runner,
         "data": args.data,
     }
-    progress = Progress(len(workloads) * len(system_keys), enabled=not args.no_progress)
+    progress = Progress(rounds * len(workloads) * len(system_keys), enabled=not args.no_progress)
     rows: list[Row] = []
     interrupted = False
     for w in workloads:
@@ -283,49 +295,16 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Workload], dict[str, 
         if w.startup and args.items:
             n = min(n, 100)
         job = make_job(w, devices, n, user_runner)
-        w_rows: list[Row] = []
-        for key in system_keys:
-            system: System = SYSTEMS[key]
-            label = system.label(job)
-            progress.start(f"{w.name} / {key}")
-            if interrupted:
-                w_rows.append(_row(w, key, label, "interrupted"))
-                continue
-            if w.needs_torch and not torch_available():
-                w_rows.append(_row(w, key, label, "skipped", detail="torch is not installed"))
-                continue
-            why = system.cannot_run(job)
-            if why is not None:
-                w_rows.append(_row(w, key, label, "unavailable", detail=why))
-                continue
-            spec = CellSpec(
-                system=system,
-                workload=w,
-                job=job,
-                items=n,
-                repeats=repeats,
-                warmup_items=_warmup_items(n, len(devices)),
-            )
-            try:
-                out = run_cell(spec, timeout, tick=progress.tick)
-            except KeyboardInterrupt:
+        by_key: dict[str, Row] = {}
+        for key, rnd in ((k, r) for r in range(rounds) for k in system_keys):
+            row = _measure(w, key, job, n, repeats, devices, timeout, progress, interrupted)
+            if row.status == "interrupted":
                 interrupted = True
-                w_rows.append(_row(w, key, label, "interrupted"))
-                continue
-            w_rows.append(
-                _row(
-                    w,
-                    key,
-                    label,
-                    out["status"],
-                    detail=out.get("detail", ""),
-                    samples=out.get("samples", []),
-                    seconds=out.get("seconds", []),
-                    items=out.get("items"),
-                    fingerprint=out.get("fingerprint"),
-                    wall_s=out.get("wall_s"),
-                )
-            )
+            if rnd == 0:
+                by_key[key] = row
+            else:
+                _pool_round(by_key[key], row)
+        w_rows = list(by_key.values())
         if w.verify_by_fingerprint:
             verify_user_rows(w_rows, w)
         if w.unit == "GB/s":
@@ -337,6 +316,67 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Workload], dict[str, 
     progress.clear()
     report.add_speedups(rows)
     return rows, workloads, settings, interrupted
+
+
+def _pool_round(row: Row, more: Row) -> None:
+    """Adds a later round's measurement of the same system to ``row``: its repeats are
+    pooled; a failure in any round is the row's status."""
+    if row.status == "ok" and more.status != "ok":
+        row.status, row.detail = more.status, more.detail
+    elif row.status == "ok" and more.fingerprint != row.fingerprint:
+        row.status, row.detail = "wrong", "result differs between rounds"
+    row.samples += more.samples
+    row.seconds += more.seconds
+    if more.wall_s is not None:
+        row.wall_s = (row.wall_s or 0.0) + more.wall_s
+
+
+def _measure(
+    w: Workload,
+    key: str,
+    job: Any,
+    n: int,
+    repeats: int,
+    devices: list[str],
+    timeout: float,
+    progress: Progress,
+    interrupted: bool,
+) -> Row:
+    """One (workload, system) measurement in its own process, as a row."""
+    system: System = SYSTEMS[key]
+    label = system.label(job)
+    progress.start(f"{w.name} / {key}")
+    if interrupted:
+        return _row(w, key, label, "interrupted")
+    if w.needs_torch and not torch_available():
+        return _row(w, key, label, "skipped", detail="torch is not installed")
+    why = system.cannot_run(job)
+    if why is not None:
+        return _row(w, key, label, "unavailable", detail=why)
+    spec = CellSpec(
+        system=system,
+        workload=w,
+        job=job,
+        items=n,
+        repeats=repeats,
+        warmup_items=_warmup_items(n, len(devices)),
+    )
+    try:
+        out = run_cell(spec, timeout, tick=progress.tick)
+    except KeyboardInterrupt:
+        return _row(w, key, label, "interrupted")
+    return _row(
+        w,
+        key,
+        label,
+        out["status"],
+        detail=out.get("detail", ""),
+        samples=out.get("samples", []),
+        seconds=out.get("seconds", []),
+        items=out.get("items"),
+        fingerprint=out.get("fingerprint"),
+        wall_s=out.get("wall_s"),
+    )
 
 
 def _warmup_items(n: int, workers: int) -> int:

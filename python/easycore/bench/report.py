@@ -172,8 +172,13 @@ def format_table(
         f"machine: {m['cpus']} CPUs ({m['cpus_usable']} usable), {m['machine']}, "
         f"Python {m['python']}, numpy {m['numpy']}, torch {torch_v}, "
         f"easycore {m['easycore']}, load {_load(m)}, {m['date']}",
-        f"devices: {','.join(settings['devices'])}; repeats: {settings['repeats']}; "
-        f"timeout per system: {settings['timeout']:g} s"
+        f"devices: {','.join(settings['devices'])}; repeats: {settings['repeats']}"
+        + (
+            f" in each of {settings['rounds']} rounds (systems in turn)"
+            if settings.get("rounds", 1) > 1
+            else ""
+        )
+        + f"; timeout per system: {settings['timeout']:g} s"
         + ("; --quick" if settings.get("quick") else ""),
         f"memcpy (1 thread, np.copyto {settings['memcpy_mib']} MiB, best): "
         f"{settings['memcpy_gbps']:.2f} GB/s",
