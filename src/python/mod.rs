@@ -93,6 +93,7 @@ fn exit_when_dead(owner_tag: &str, exit_code: i32) -> PyResult<()> {
     std::thread::Builder::new()
         .name("easycore-owner-watch".into())
         .spawn(move || {
+            block_all_signals();
             crate::liveness::wait_for_death(id);
             crate::shm::sweep_owner(id);
             // SAFETY: _exit ends the process at once; nothing of ours needs to run.
@@ -100,6 +101,20 @@ fn exit_when_dead(owner_tag: &str, exit_code: i32) -> PyResult<()> {
         })
         .map_err(|e| errors::invalid(&format!("cannot start the watchdog thread: {e}")))?;
     Ok(())
+}
+
+/// Blocks every signal in the calling thread (a helper thread of ours): signals sent to the
+/// process then reach the threads that handle them (Python's, in its main thread), and a
+/// signal a producer is ignoring stays with the kernel while the disposition changes.
+fn block_all_signals() {
+    // SAFETY: `set` is a local sigset_t that sigfillset initialises before pthread_sigmask
+    // reads it; pthread_sigmask changes only the calling thread's mask (the old mask is not
+    // asked for: null). SIGKILL and SIGSTOP cannot be blocked and are left as they are.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut set);
+        libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut());
+    }
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
