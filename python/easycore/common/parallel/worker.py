@@ -58,6 +58,8 @@ def ignore_signal(signum: int) -> None:
         signal.signal(signum, signal.SIG_IGN)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+
+
 INTERRUPT_SIGNAL = signal.SIGUSR1
 
 
