@@ -93,3 +93,12 @@ def queue_reader(q, out, n):
             assert int(arr[0]) == i and int(arr[-1]) == i
             seen.append((w, i))
     out.put(seen)
+
+
+def mark_then_wait(args):
+    """``(mine, theirs)``: creates ``mine``, then waits (at most 30 s) until ``theirs``
+    exists; returns whether it does."""
+    mine, theirs = args
+    mark(mine, None)
+    wait_for(theirs, limit=30.0)
+    return os.path.exists(theirs)

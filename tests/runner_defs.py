@@ -268,3 +268,18 @@ class ShmFails(Collect):
             return real(out_q, seq, kind, parts, alive)
 
         worker._put = put
+
+
+class MarkThenWait(CollectUnordered):
+    """``(mine, theirs)``: creates the file ``mine``, then waits (at most 30 s) until
+    ``theirs`` exists; returns whether it does (two items that must run at the same time)."""
+
+    @staticmethod
+    def producer_work(device, cfg, data):
+        mine, theirs = data
+        with open(mine, "w") as f:
+            f.write("ran")
+        end = time.monotonic() + 30.0
+        while not os.path.exists(theirs) and time.monotonic() < end:
+            time.sleep(0.01)
+        return os.path.exists(theirs)

@@ -136,19 +136,23 @@ def test_imap_reads_a_lazy_input_bounded_in_flight():
 def test_single_items_after_chunks_are_batched_by_their_own_cost():
     # One stream carries whole chunks (a range is sliced) and single items (an iterator).
     # Batches were sized by the cost learned per item *sent*: after a map, a chunk's cost
-    # (thousands of values) made each later batch of single items a few items long.
+    # (thousands of values) made the next batches of single items a few items long, until
+    # relearned. The learned figures are timings, so they are set here, not measured.
     with Pool(2) as p:
         assert p.map(pd.square, range(100_000)) == [i * i for i in range(100_000)]
-        # Sized by the learned seconds per value: thousands (at most the window's quarter per
-        # worker). Before the fix: 16.
-        assert p._call._batch_size() >= 64, p._call._batch_size()
+        call = p._call
+        call.runner._cost_per_item = 2e-3  # per item sent: a chunk of 2 ms
+        p._item_cost = 1e-7  # per value
+        call.bytes_per_item = call.runner._out_bytes_per_item = 16.0  # small ints
+        # 4 ms batches of 0.1 µs values: as many as a batch may hold (sized by the chunk's
+        # cost, 2 values).
+        assert call._batch_size() == call.max_batch >= 64, call._batch_size()
         n = 20_000
         assert sum(p.imap_unordered(pd.square, iter(range(n)))) == sum(i * i for i in range(n))
-        assert p._call._batch_size() >= 64, p._call._batch_size()
 
 
 def test_large_inputs_are_not_read_a_window_ahead():
-    # The pool's window is 16384 items; 4 MiB inputs are bounded by bytes instead (a ring of
+    # The pool's window is 65536 items; 4 MiB inputs are bounded by bytes instead (a ring of
     # 8 MiB: about 16 MiB in flight).
     nbytes = 4 << 20
     read = [0]
@@ -180,6 +184,26 @@ def test_feedback_input_item_exists_only_after_previous_result():
             out.append(r)
             box[0] = (r % 7) + 1
         assert len(out) == 30
+
+
+def test_an_item_read_while_a_worker_is_idle_goes_to_it_at_once(tmp_path, monkeypatch):
+    # The receiving thread asks to hear of each new item only while fewer batches are on
+    # their way than there are workers. Here the first item's task waits for the second
+    # item's task to start: if the second item were held until the first one's result (or
+    # the receiver's next tick, made 60 s here), the first would give up after 30 s: False.
+    from easycore.common.parallel import engine
+
+    monkeypatch.setattr(engine, "_TICK", 60.0)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+
+    def source():
+        yield (a, b)
+        pd.wait_for(a, limit=30.0)  # the first item's task runs: it was sent, on its own
+        yield (b, a)
+
+    with Pool(2) as p:
+        assert p.map(pd.square, range(1000))[-1] == 999**2  # costs learned: cheap items
+        assert list(p.imap_unordered(pd.mark_then_wait, source())) == [True, True]
 
 
 def test_input_that_waits_for_each_result_never_stalls():

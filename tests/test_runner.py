@@ -183,6 +183,29 @@ def test_large_inputs_bound_items_read_ahead_by_bytes():
     assert max(lag) <= 2 * ring // nbytes + 12, max(lag)  # before: all 120
 
 
+def test_an_item_read_while_a_producer_is_idle_goes_to_it_at_once(tmp_path, monkeypatch):
+    # A slow input feeding long tasks: the first item's task waits until the second item's
+    # task starts. Before the fix, the input thread sent the first item itself and stopped
+    # waking the receiver, so the second item waited in the buffer, with a producer idle,
+    # until a result or the receiver's tick (100 ms; 60 s here): the first task then gave up
+    # after 30 s and returned False.
+    from easycore.common.parallel import engine
+
+    monkeypatch.setattr(engine, "_TICK", 60.0)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+
+    def source():
+        time.sleep(0.5)  # a slow input: the receiver sleeps on the output queue meanwhile
+        yield (a, b)
+        end = time.monotonic() + 30.0
+        while not os.path.exists(a) and time.monotonic() < end:
+            time.sleep(0.01)  # the first item's task runs: it was sent, on its own
+        yield (b, a)
+
+    with rd.MarkThenWait(devices=2, start_method="fork") as r:
+        assert r(source()) == [True, True]
+
+
 def test_memory_stays_flat_when_one_producer_stalls():
     def rss_kib() -> int:
         with open("/proc/self/status") as f:

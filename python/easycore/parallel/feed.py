@@ -14,8 +14,13 @@ read in *segments*: a segment is a C-level iterator over the job's own items::
 
     map(itemgetter(1), zip(iter(gate), job.it, counter))
 
-chained behind the others (``itertools.chain.from_iterable``), so the engine's input thread
-pulls the user's items with no Python frame of ours in between. The feed registers each
+handed to the engine's input thread as a *run* (:meth:`Feed.next_run`, the engine's
+``RunSource``). The engine pulls a run in with one ``list.extend``: no Python frame per item.
+Only while its receiving thread waits on each item (fewer batches on their way than workers:
+one may run dry, or the input is a feedback loop) does it read item by item and wake the
+receiver as each comes; if the receiver starts to wait during an extend, it cuts the run
+(:meth:`Feed.cut`), so the extend ends after the item being read. (``iter(feed)`` chains the
+runs, for other readers and the tests.) The feed registers each
 segment (where it starts in the stream of raw items) before the engine sees its first item,
 and :meth:`Feed.pack`, run by the engine's sender on each batch, turns a run of one
 segment's raw items into one work item followed by ``None`` for each other item of the run
@@ -23,11 +28,11 @@ segment's raw items into one work item followed by ``None`` for each other item 
 
 A segment:
 
-* reads at most ``n`` items: the job's room when it began, at most 4096 (``gate`` has ``n``
-  entries);
+* reads at most ``n`` items: the job's room when it began, at most 16384 and at most what the
+  engine asked for (``gate`` has ``n`` entries);
 * is *cut* between two items (``gate`` emptied, from any thread) when a task is submitted, a
-  job opens or closes, or the stream ends, so nothing waits behind a slow input for more
-  than the item being read;
+  job opens or closes, the stream ends or the engine's receiver starts to wait on each item,
+  so nothing waits behind a slow input for more than the item being read;
 * counts what it read: ``counter`` (``iter(range(n))``) advances only after the job's
   iterator yielded, so ``n - length_hint(counter)`` is exact, and a segment that read fewer
   than ``n`` items and was not cut has seen the end of its input;
@@ -55,7 +60,7 @@ _TICK = 0.1  # seconds between checks while the feed waits for work
 _second = operator.itemgetter(1)
 # Most items in one segment: its gate list is allocated whole, and a segment that a submit
 # cuts early would waste the rest (a few µs of bookkeeping per segment is nothing at this size).
-_SEGMENT_MAX = 4096
+_SEGMENT_MAX = 16384
 
 
 class _Segment:
@@ -100,6 +105,14 @@ class Feed:
     # ----- the input thread -----
 
     def _segments(self) -> Iterator[Iterable[Any]]:
+        while (run := self.next_run(_SEGMENT_MAX)) is not None:
+            yield run[0]
+
+    def next_run(self, limit: int) -> tuple[Iterable[Any], _Segment | None] | None:
+        """The next run of the stream and its segment (None: a premade work item), waiting
+        for one; None at the end. A job's run reads at most ``limit`` items; it is the
+        segment being read (``reading``, cut by :meth:`cut`) from before it is returned, and
+        settled by the next call. How many items a run gave: :meth:`run_length`."""
         pool = self.pool
         while True:
             seg = self.reading
@@ -108,23 +121,21 @@ class Feed:
             try:
                 chosen, cuts = self._choose()
             except StopIteration:
-                return
+                return None
             if isinstance(chosen, tuple):
-                yield self._premade(chosen)  # a submitted task
-                continue
+                return self._premade(chosen), None  # a submitted task
             job = chosen
             index = job.pulled
             ahead = min(job.window, job.room[0]) - (index - job.consumed)
             if job.it is not None and job.chunksize is None:
-                seg = _Segment(self.pos, job, index, max(1, min(ahead, _SEGMENT_MAX)))
+                seg = _Segment(self.pos, job, index, max(1, min(ahead, _SEGMENT_MAX, limit)))
                 self.segs.append(seg)  # registered before the engine sees its first item
                 self.reading = seg
                 if cuts != pool._cuts or job.closed:
                     self.cut()  # something asked for a cut since _choose looked
                 # gate and counter hold n entries: zip stops at whichever ends first
                 read = zip(iter(seg.gate), job.it, seg.counter, strict=False)  # type: ignore[arg-type]
-                yield map(_second, read)
-                continue
+                return map(_second, read), seg
             # A range/list/tuple is sliced; an iterator with a chunksize waits to fill one.
             auto = pool._auto_chunk(job) if job.seq is not None else 1
             size = max(1, min(job.chunksize or auto, ahead))
@@ -141,7 +152,12 @@ class Feed:
                 self._ended(job)
                 if not items:
                     continue
-            yield self._premade((job.jid, index, job.fn, items, job.mode))
+            return self._premade((job.jid, index, job.fn, items, job.mode)), None
+
+    @staticmethod
+    def run_length(seg: _Segment | None) -> int:
+        """Items a run returned by :meth:`next_run` has given so far."""
+        return 1 if seg is None else seg.read()
 
     def _premade(self, item: tuple) -> tuple:
         self.segs.append(_Segment(self.pos))

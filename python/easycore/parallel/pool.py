@@ -67,7 +67,7 @@ _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 # quarter of the window per worker). The engine bounds items in flight by bytes too, input
 # and results alike, and each job's results by bytes (Pool._bound_room), so large items are
 # held to a few.
-_WINDOW = 16384
+_WINDOW = 65536
 
 # ----- functions across processes -----
 
@@ -363,11 +363,17 @@ class _Job:
         self.waiting = False
 
     def has_room(self) -> bool:
-        return (
-            not self.closed
-            and not self.input_done
-            and self.pulled - self.consumed < min(self.window, self.room[0])
-        )
+        """Whether the feed may start reading more of this job's input: once at least a
+        quarter of its bound (``window``, or fewer by bytes per result) is free. A segment
+        then reads up to the whole bound, so a busy job's input is read, sent and routed in
+        runs of thousands, not a few items each time its caller takes some results (each run
+        costs a wake-up of the feed, a segment and a batch); a job with little ahead (an input
+        waiting on its own results) is read at once."""
+        if self.closed or self.input_done:
+            return False
+        limit = min(self.window, self.room[0])
+        ahead = self.pulled - self.consumed
+        return ahead < limit and 4 * ahead <= 3 * limit
 
     def deliver(self, index: int, ok: bool, value: Any) -> None:
         with self.cv:
@@ -505,9 +511,10 @@ class Pool:
         seed (int, optional): worker ``i`` seeds ``random``, numpy and torch with
             ``seed + i``; default a random base.
         window (int, optional): most items of one ``map``/``imap`` read ahead of what its
-            caller consumed, and most items in flight; default 16384, so that cheap items
-            travel in large batches. Items in flight and results waiting for their caller
-            are also bounded by bytes, so large items are held to a few.
+            caller consumed, and most items in flight; default 65536, so that cheap items
+            travel in large batches and are read in long runs. Items in flight and results
+            waiting for their caller are also bounded by bytes, so large items are held to a
+            few.
         queue_scale (float): scales the shared-memory queues (as for the runners).
         close_timeout (float): seconds ``close()``/``join()`` leave the workers to exit.
         backend (str or object, optional): where the workers run, as for the runners:
@@ -631,6 +638,7 @@ class Pool:
                         pack=feed.pack,
                         recover=feed.recover,
                         cost=self._cost_per_value,
+                        runs=feed,
                     )
                     self._call = call
                     self._feed = feed
@@ -883,8 +891,9 @@ class Pool:
                         job.waiting = True
                         job.cv.wait(wait)
                         job.waiting = False
-                    full = job.pulled - job.consumed >= min(job.window, job.room[0])
+                    full = not job.has_room()
                     job.consumed += n
+                    full = full and job.has_room()
                 if full:  # the feed may wait for this job's room: wake it (under the lock)
                     with self._cv:
                         self._cv.notify_all()

@@ -39,7 +39,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from easycore._core import (
     Queue,
@@ -912,6 +912,25 @@ class BaseRunner(RunnerHooks):
         return call.iterate()
 
 
+class RunSource(Protocol):
+    """An input read run by run (the pool's feed: ``easycore.parallel.feed.Feed``)."""
+
+    def next_run(self, limit: int) -> tuple[Iterable[Any], Any] | None:
+        """The next run (at most ``limit`` items) and a token for :meth:`run_length`,
+        waiting for one; None at the end. The run is the one :meth:`cut` cuts from before
+        it is returned."""
+
+    def run_length(self, token: Any) -> int:
+        """Items the run of ``token`` has given so far."""
+
+    def cut(self) -> None:
+        """Ends the run being read after the item being read (any thread)."""
+
+    def recover(self, error: BaseException) -> Any:
+        """The run raised ``error``: None if the whole input fails, else anything (reading
+        goes on with the next run)."""
+
+
 class _Flag(list):
     """A flag tested with ``if flag:`` at C speed (a list's length: no attribute lookup, no
     method call); set from any thread with :meth:`set` (one slice assignment, atomic)."""
@@ -988,6 +1007,7 @@ class _Call:
         pack: Callable[[list], list] | None = None,
         recover: Callable[[BaseException], Iterator[Any] | None] | None = None,
         cost: Callable[[], float] | None = None,
+        runs: RunSource | None = None,
     ) -> None:
         """``pack`` (optional) turns each batch's items into what is sent (the same number
         of items); ``recover`` (optional) is called by the input thread when the input raised
@@ -995,7 +1015,9 @@ class _Call:
         ``cost`` (optional) gives the producers' seconds per item that batches are sized by,
         instead of the runner's figure learned per item sent (the pool sends single items
         and whole chunks in one stream: a chunk's cost would shrink the batches of single
-        items a thousandfold)."""
+        items a thousandfold); ``runs`` (optional) is the input read run by run (the pool's
+        feed, see :class:`RunSource`): each run is pulled in with one ``list.extend``, not a
+        Python loop per item, unless the receiving thread waits on each item."""
         if timeout is not None and not timeout > 0:
             raise InvalidArgument(f"timeout must be positive or None, got {timeout!r}")
         self.runner = runner
@@ -1024,6 +1046,10 @@ class _Call:
         self.pack = pack
         self.recover = recover
         self.cost = cost
+        self.runs = runs
+        # The reader is inside a list.extend of a run: the receiving thread, wanting each
+        # item as it comes, must cut the run (set before the reader looks at attention).
+        self.bulk = False
         self.reader_waiting = False
         self.receiver_waiting = False
         # receiver_waiting or abort: the reader's one check per item
@@ -1042,6 +1068,7 @@ class _Call:
         self.dispatched = 0  # items sent (under send_lock)
         self.dropped = 0  # items read but never sent (unpicklable, dropped by the runner)
         self.delivered = 0  # items handed out (written by the receiving thread only)
+        self.results_in = 0  # result messages of this call received (one per batch sent)
         self.bytes_per_item = 0.0  # pickled input per item (last batch)
         # Results in flight (queued, being consumed, or waiting in the reorder buffer) stay
         # within about twice the output queue's side budget, however large each result is.
@@ -1078,7 +1105,8 @@ class _Call:
             tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
             self.bar = tqdm.tqdm(total=self.total, unit="item", desc=type(self.runner).__name__)
         if self.it is not None and self.read_ahead:
-            self.reader = threading.Thread(target=self._read, name="easycore-input", daemon=True)
+            target = self._read if self.runs is None else self._read_runs
+            self.reader = threading.Thread(target=target, name="easycore-input", daemon=True)
             self.threads.append(self.reader)
             self.reader.start()
 
@@ -1145,16 +1173,81 @@ class _Call:
             self.input_error = e
             self.reader_done = True
 
+    def _read_runs(self) -> None:
+        """``_read`` for a :class:`RunSource`: a run at a time, each pulled in by one
+        ``list.extend`` (no Python frame per item) while the receiving thread does not wait
+        on each item; when it does, item by item as ``_read`` does. If it starts to wait
+        during an extend, it cuts the run (:meth:`RunSource.cut`): the extend ends after
+        the item being read, and the receiver is woken. Race-free: the reader announces
+        ``bulk`` before it looks at ``attention``; the receiver sets ``attention`` before
+        it looks at ``bulk``."""
+        src = self.runs
+        assert src is not None
+        buf = self.buf
+        append, extend = buf.append, buf.extend
+        attention = self.attention
+        read = 0
+        try:
+            while not self.abort:
+                room = self._window_now() - (read - self.delivered - self.dropped)
+                if room <= 0:
+                    with self.cond:
+                        self.reader_waiting = True
+                        while (
+                            not self.abort
+                            and self._window_now() - (read - self.delivered - self.dropped) <= 0
+                        ):
+                            self.cond.wait(_TICK)
+                        self.reader_waiting = False
+                    continue
+                run = src.next_run(min(room, 2 * self._batch_size()))
+                if run is None:
+                    break  # the input is over
+                items, token = run
+                try:
+                    self.bulk = True
+                    if attention:
+                        self.bulk = False
+                        for x in items:
+                            append(x)
+                            if attention:
+                                if self.abort:
+                                    return
+                                self._input_arrived()
+                    else:
+                        extend(items)
+                        self.bulk = False
+                        if attention:
+                            self._input_arrived()  # the run was cut for it (or ended)
+                except BaseException as e:
+                    self.bulk = False
+                    read += src.run_length(token)
+                    if src.recover(e) is None:
+                        raise
+                    continue
+                read += src.run_length(token)
+        except BaseException as e:  # noqa: BLE001 - raised in the receiving thread
+            self.input_error = e
+        finally:
+            self.reader_done = True
+            self._input_arrived()
+
+    def _cut_bulk(self) -> None:
+        """The call stops: a run being pulled in by ``list.extend`` ends after its item."""
+        if self.bulk and self.runs is not None:
+            self.runs.cut()
+
     def _input_arrived(self) -> None:
-        """New input (or its end) while the receiver may sleep on the output queue: with
-        nothing in flight, send it from here at once; else wake the receiver."""
+        """New input (or its end) while the receiver may sleep on the output queue. While a
+        producer may be idle (fewer batches on their way than producers), it is sent from
+        here at once, and the receiver sleeps on, still hearing of each new item: so the next
+        item too goes out as it comes, not when a result or the receiver's tick wakes it.
+        Otherwise (or if the sender is busy) the receiver is woken to send it."""
         if not self.receiver_waiting or self.abort:
             return
-        self.receiver_waiting = False
-        self.attention.set(self.abort)
         if (
             self.input_error is None
-            and self.dispatched == self.delivered
+            and self._producer_idle()
             and self.send_lock.acquire(blocking=False)
         ):
             try:
@@ -1165,11 +1258,23 @@ class _Call:
             finally:
                 self.send_lock.release()
             if sent:
-                return  # its results will wake the receiver
+                # Its results will wake the receiver. Until then, the next item is ours to
+                # send while a producer may still be idle. (A receiver that woke meanwhile
+                # finds this flag set: harmless, it sets it afresh before it sleeps again.)
+                if self.receiver_waiting:
+                    self.attention.set(self._producer_idle() or self.abort)
+                return
+        self.receiver_waiting = False
+        self.attention.set(self.abort)
         try:
             self.workers.out_q.put(0, wire.pack_kind(wire.WAKE, self.call), [b""], timeout=1.0)
         except (QueueFull, QueueClosed):
             pass  # the receiver wakes on its tick anyway
+
+    def _producer_idle(self) -> bool:
+        """Whether a producer may be without work: fewer batches on their way (sent, their
+        results not received yet) than producers."""
+        return self.stats.batches - self.results_in < self.n
 
     # ----- sending -----
 
@@ -1319,9 +1424,15 @@ class _Call:
             ):
                 self._read_one()
                 continue
-            # Sleep on the output queue; the reader wakes us (or sends) when input comes.
+            # Sleep on the output queue. While fewer batches are on their way than there are
+            # producers, one may run dry: the reader wakes us (or sends) as each item comes.
+            # Otherwise the next result wakes us soon, and new input waits for it (every
+            # producer has a batch meanwhile), without a check per item read.
             self.receiver_waiting = True
-            self.attention.set()
+            need = self._producer_idle()
+            self.attention.set(need)
+            if need and self.bulk:
+                self.runs.cut()  # type: ignore[union-attr]
             if (
                 self._ready_to_send()
                 or self.input_error is not None
@@ -1372,6 +1483,7 @@ class _Call:
             nb = wire.nbytes(parts)
             self.stats.bytes_out += nb
             first, results, wi, busy, wait = self.codec.loads(parts)
+            self.results_in += 1
             del parts
             r = self.runner
             r._out_bytes_per_item = _ema(r._out_bytes_per_item, nb / max(1, len(results)))
@@ -1492,6 +1604,7 @@ class _Call:
                 self.error = e
             self.abort = True
             self.attention.set()
+            self._cut_bulk()
             with self.cond:
                 self.cond.notify_all()
 
@@ -1529,6 +1642,7 @@ class _Call:
         self.ended = True
         self.abort = True
         self.attention.set()
+        self._cut_bulk()
         with self.cond:
             self.cond.notify_all()
         if self.consumer is not None and self.consumer is not threading.current_thread():
