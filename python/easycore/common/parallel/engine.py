@@ -1119,20 +1119,9 @@ class _Call:
         read = 0
         try:
             while not self.abort:
-                room = self._window_now() - (read - self.delivered - self.dropped)
-                if room <= 0:
-                    with self.cond:
-                        self.reader_waiting = True
-                        while (
-                            not self.abort
-                            and self._window_now() - (read - self.delivered - self.dropped) <= 0
-                        ):
-                            self.cond.wait(_TICK)
-                        self.reader_waiting = False
-                    continue
-                # A few batches at a time, so that the room is weighed again as the sizes of
-                # items and results become known (large items are held to a few in flight).
-                step = min(room, 2 * self._batch_size())
+                step = self._wait_for_room(read)  # a few batches at most
+                if step <= 0:
+                    continue  # aborted
                 got = 0
                 try:
                     # islice pulls one item at a time: nothing is held back while next() blocks.
@@ -1162,6 +1151,35 @@ class _Call:
             self.reader_done = True
             self._input_arrived()
 
+    def _room(self, read: int) -> int:
+        """Items the reader may read now (``read``: read so far): within the window (items
+        read but not delivered), a few batches at a time, so that the room is weighed again
+        as the sizes of items and results become known (large items are held to a few).
+        (Holding the reader to two batches beyond what the sender took was tried: under the
+        GIL it then waits for the GIL to refill, and the runners lost a third of their speed
+        on tiny items.)"""
+        room = self._window_now() - (read - self.delivered - self.dropped)
+        return min(room, 2 * self._batch_size())
+
+    def _wait_for_room(self, read: int) -> int:
+        """:meth:`_room`, waiting until there is some (the sender and the receiver wake the
+        reader as they take items or deliver results); 0 once the call is aborted."""
+        room = self._room(read)
+        if room > 0:
+            return room
+        with self.cond:
+            self.reader_waiting = True
+            while not self.abort and (room := self._room(read)) <= 0:
+                self.cond.wait(_TICK)
+            self.reader_waiting = False
+        return 0 if self.abort else room
+
+    def _wake_reader(self) -> None:
+        """The reader may wait for room: wake it (room was made)."""
+        if self.reader_waiting:
+            with self.cond:
+                self.cond.notify_all()
+
     def _read_one(self) -> None:
         """``read_ahead=False``: the next input item, read in the receiving thread. Nothing
         is in flight, so waiting for it here holds no result back."""
@@ -1189,18 +1207,10 @@ class _Call:
         read = 0
         try:
             while not self.abort:
-                room = self._window_now() - (read - self.delivered - self.dropped)
+                room = self._wait_for_room(read)
                 if room <= 0:
-                    with self.cond:
-                        self.reader_waiting = True
-                        while (
-                            not self.abort
-                            and self._window_now() - (read - self.delivered - self.dropped) <= 0
-                        ):
-                            self.cond.wait(_TICK)
-                        self.reader_waiting = False
-                    continue
-                run = src.next_run(min(room, 2 * self._batch_size()))
+                    continue  # aborted
+                run = src.next_run(room)
                 if run is None:
                     break  # the input is over
                 items, token = run
@@ -1549,9 +1559,7 @@ class _Call:
         self.delivered += count
         if self.bar is not None:
             self.bar.update(count)
-        if self.reader_waiting:
-            with self.cond:
-                self.cond.notify_all()
+        self._wake_reader()
 
     # ----- the two ways to run a call -----
 
