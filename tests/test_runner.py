@@ -206,6 +206,17 @@ def test_an_item_read_while_a_producer_is_idle_goes_to_it_at_once(tmp_path, monk
         assert r(source()) == [True, True]
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_producers_leave_no_liveness_token_behind(start_method):
+    # A forked producer exits by os._exit, which skips the atexit hook that removes its
+    # token: before the fix, each one left /dev/shm/ec.<pid>-<nonce>.live behind.
+    with rd.SumSquares(devices=2, start_method=start_method) as r:
+        assert r(range(10)) == 285
+        pids = [p.pid for p in r._workers.procs]
+    left = [n for n in os.listdir("/dev/shm") if any(n.startswith(f"ec.{p}-") for p in pids)]
+    assert left == [], left
+
+
 def test_memory_stays_flat_when_one_producer_stalls():
     def rss_kib() -> int:
         with open("/proc/self/status") as f:

@@ -29,7 +29,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from easycore._core import Queue, exit_when_dead, owner_alive
+from easycore._core import Queue, exit_when_dead, owner_alive, retire_identity
 from easycore.common.parallel import leases, wire
 from easycore.errors import QueueClosed, QueueEmpty, QueueFull, SharedMemoryError
 
@@ -442,6 +442,12 @@ def producer_main(
         end_error = error_report("producer_end", device, None, e, "hook")
     _close_nested_runners()
     _send(out_q, codec, index, wire.BYE, (index, end_error), alive)
+    if opts.get("start_method") == "fork":
+        # A forked multiprocessing child leaves by os._exit, which skips the C atexit hook
+        # that removes this process's liveness token (/dev/shm/ec.<pid>-<nonce>.live): every
+        # forked producer left one behind until the next sweep. Its work is done and said
+        # (BYE), and the caller judges its exit by the process, not the token: retire it now.
+        retire_identity()
 
 
 def _close_nested_runners() -> None:
