@@ -176,6 +176,24 @@ def test_rounds_take_systems_in_turn_and_pool_their_repeats(
         main(["--rounds", "0", "--workloads", "tiny_unordered"] + FAST)
 
 
+def test_pool_with_the_tuned_chunksize_is_a_system(tmp_path: Path) -> None:
+    # easycore's Pool given the chunk size the tuned multiprocessing.Pool gets: results are
+    # verified; a feedback input (item i+1 after result i) would deadlock a chunk being filled.
+    out = tmp_path / "bench.json"
+    args = ["--workloads", "tiny_unordered,tiny_ordered,latency", "--items", "400"]
+    args += ["--systems", "easycore_pool,easycore_pool_tuned", "--json", str(out)]
+    assert main(args + FAST) == 0
+    data = load(out)
+    for name in ("tiny_unordered", "tiny_ordered"):
+        assert row(data, name, "easycore_pool")["status"] == "ok"
+        r = row(data, name, "easycore_pool_tuned")
+        assert r["status"] == "ok", r
+        assert "chunksize=50" in r["label"], r["label"]  # 400 // (4 * 2 workers)
+    assert row(data, "latency", "easycore_pool")["status"] == "ok"
+    tuned = row(data, "latency", "easycore_pool_tuned")
+    assert tuned["status"] == "unavailable" and "reads its input ahead" in tuned["detail"]
+
+
 @pytest.mark.parametrize("extra_system", [WrongSystem], indirect=True)
 def test_wrong_system_is_reported(
     tmp_path: Path, extra_system: systems.System, capsys: pytest.CaptureFixture[str]

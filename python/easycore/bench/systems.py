@@ -567,16 +567,25 @@ def _ec_pool_work(data: Any) -> Any:
 
 class EasycorePoolSystem(System):
     """easycore's function-style pool: ``Pool.imap`` (ordered jobs) or ``imap_unordered``,
-    default (adaptive) batching."""
+    default (adaptive) batching, or (``tuned``) the chunk size ``pool_imap_tuned`` gets."""
 
-    key = "easycore_pool"
+    def __init__(self, tuned: bool = False) -> None:
+        self.tuned = tuned
+        self.key = "easycore_pool_tuned" if tuned else "easycore_pool"
 
     def _module(self, job: Job) -> str:
         return "easycore.torch.parallel" if job.torch_flavour else "easycore.parallel"
 
+    def _chunksize(self, job: Job) -> int | None:
+        return job.chunksize if self.tuned else None
+
+    def reads_ahead(self, job: Job) -> bool:
+        return (self._chunksize(job) or 1) > 1  # filling a chunk waits for later items
+
     def label(self, job: Job) -> str:
         fn = "imap" if job.ordered else "imap_unordered"
-        return f"easycore {self._module(job)}.Pool.{fn}"
+        chunk = f" (chunksize={self._chunksize(job)}, tuned)" if self.tuned else ""
+        return f"easycore {self._module(job)}.Pool.{fn}{chunk}"
 
     def unavailable(self, job: Job) -> str | None:
         if job.torch_flavour and not torch_available():
@@ -587,10 +596,11 @@ class EasycorePoolSystem(System):
     def session(self, job: Job) -> Iterator[Call]:
         pool_cls = importlib.import_module(self._module(job)).Pool
         pool = pool_cls(list(job.devices), initializer=_ec_pool_init, initargs=(job.hooks,))
+        chunksize = self._chunksize(job)
 
         def call(data: Iterable[Any]) -> Any:
             imap = pool.imap if job.ordered else pool.imap_unordered
-            return run_consumer(job.hooks, imap(_ec_pool_work, data))
+            return run_consumer(job.hooks, imap(_ec_pool_work, data, chunksize))
 
         try:
             yield call
@@ -623,6 +633,7 @@ register_system(EasycoreImapSystem())
 register_system(EasycoreNoReadAheadSystem())
 register_system(PipeSystem())
 register_system(EasycorePoolSystem())
+register_system(EasycorePoolSystem(tuned=True))
 
 
 # ---------------------------------------------------------------------------------------
