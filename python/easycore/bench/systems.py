@@ -572,6 +572,11 @@ class EasycorePoolSystem(System):
     def __init__(self, tuned: bool = False) -> None:
         self.tuned = tuned
         self.key = "easycore_pool_tuned" if tuned else "easycore_pool"
+        self.description = (
+            "easycore's Pool.imap / imap_unordered with pool_imap_tuned's chunk size"
+            if tuned
+            else "easycore's function-style Pool.imap / imap_unordered, default chunking"
+        )
 
     def _module(self, job: Job) -> str:
         return "easycore.torch.parallel" if job.torch_flavour else "easycore.parallel"
