@@ -1162,8 +1162,8 @@ class _Call:
         return min(room, 2 * self._batch_size())
 
     def _wait_for_room(self, read: int) -> int:
-        """:meth:`_room`, waiting until there is some (the sender and the receiver wake the
-        reader as they take items or deliver results); 0 once the call is aborted."""
+        """:meth:`_room`, waiting until there is some (the receiving thread wakes the reader
+        as results are delivered); 0 once the call is aborted."""
         room = self._room(read)
         if room > 0:
             return room
@@ -1243,7 +1243,8 @@ class _Call:
             self._input_arrived()
 
     def _cut_bulk(self) -> None:
-        """The call stops: a run being pulled in by ``list.extend`` ends after its item."""
+        """A run being pulled in by ``list.extend`` ends after its item (the call stops, or
+        the receiver waits on each item)."""
         if self.bulk and self.runs is not None:
             self.runs.cut()
 
@@ -1441,8 +1442,8 @@ class _Call:
             self.receiver_waiting = True
             need = self._producer_idle()
             self.attention.set(need)
-            if need and self.bulk:
-                self.runs.cut()  # type: ignore[union-attr]
+            if need:
+                self._cut_bulk()  # a run being extended ends after its item
             if (
                 self._ready_to_send()
                 or self.input_error is not None
