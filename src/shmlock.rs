@@ -9,8 +9,9 @@
 //!
 //! Waiting: spin briefly, then sleep on the word in naps of at most [`NAP`], never past the
 //! caller's deadline ([`ShmLock::lock`] returns `None` then). After a nap that ends with the
-//! same holder, the waiter asks the holder's liveness token (kernel-vouched, see
-//! [`crate::liveness`]) and takes the lock over from a dead holder with one compare-and-swap.
+//! same holder, seen for a nap or more since it last asked, the waiter asks the holder's
+//! liveness token (kernel-vouched, see [`crate::liveness`]) and takes the lock over from a
+//! dead holder with one compare-and-swap.
 //! The new holder is told ([`ShmLockGuard::took_over`]) and must repair what the dead holder
 //! left half-done before it relies on the guarded state (the robust-mutex "owner died"
 //! pattern). A *stopped* holder is alive: waiters time out, repeatedly if they retry, but are
@@ -96,6 +97,11 @@ impl ShmLock {
         if let Some(g) = self.try_lock(me) {
             return Some(g);
         }
+        // The holder being watched and since when: its token is asked at most once a nap.
+        // A busy holder often takes the lock again before a woken waiter runs; asking at
+        // every such wake-up cost a file open, a flock and a close each time (thousands a
+        // second on a queue that a caller and its producers share).
+        let mut watch: Option<(u32, Instant)> = None;
         loop {
             let cur = self.word.load(Ordering::Relaxed);
             if cur == 0 {
@@ -130,10 +136,26 @@ impl ShmLock {
                 }
                 None => NAP,
             };
+            let holder = cur & !CONTENDED;
+            let since = match watch {
+                Some((h, since)) if h == holder => since,
+                _ => {
+                    let t = Instant::now();
+                    watch = Some((holder, t));
+                    t
+                }
+            };
             wait::wait(&self.word, cur | CONTENDED, Some(nap));
             let now = self.word.load(Ordering::Relaxed);
-            if now & !CONTENDED == cur & !CONTENDED
-                && !alive(cur & !CONTENDED)
+            if now & !CONTENDED != holder {
+                continue;
+            }
+            let t = Instant::now();
+            if t - since < NAP {
+                continue; // asked (or first seen) less than a nap ago
+            }
+            watch = Some((holder, t));
+            if !alive(holder)
                 && self
                     .word
                     .compare_exchange(now, me | CONTENDED, Ordering::Acquire, Ordering::Relaxed)
@@ -216,5 +238,39 @@ mod tests {
         drop(g);
         assert_eq!(l.holder(), 0);
         assert!(!l.lock(2, None, |_| true).unwrap().took_over());
+    }
+
+    #[test]
+    fn a_holder_seen_at_every_wake_up_is_asked_at_most_once_a_nap() {
+        // A busy holder that takes the lock again before each woken waiter runs looks, to
+        // the waiter, like wake-ups with the same holder: simulated here by waking it while
+        // party 7 holds the lock throughout. Its token must not be asked at each wake-up.
+        let l = new_lock();
+        l.force_holder(7 | CONTENDED);
+        let asked = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let waker = {
+            let (l, stop) = (l.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    wait::wake_one(&l.word);
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            })
+        };
+        let wait_for = NAP * 6;
+        let counted = asked.clone();
+        let got = l.lock(1, Some(Instant::now() + wait_for), move |_| {
+            counted.fetch_add(1, Ordering::Relaxed);
+            true
+        });
+        stop.store(true, Ordering::Relaxed);
+        waker.join().unwrap();
+        assert!(got.is_none(), "a live holder keeps the lock");
+        let n = asked.load(Ordering::Relaxed);
+        assert!(
+            n <= 7,
+            "the live holder's token was asked {n} times in 6 naps"
+        );
     }
 }
