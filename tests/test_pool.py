@@ -206,6 +206,18 @@ def test_an_item_read_while_a_worker_is_idle_goes_to_it_at_once(tmp_path, monkey
         assert list(p.imap_unordered(pd.mark_then_wait, source())) == [True, True]
 
 
+def test_a_fresh_pools_first_imap_over_a_generator_sends_batches_not_single_items():
+    # Before the cost per item is known, batches are single items. The sender used to send
+    # every buffered item that way until the input queue filled, looping there instead of
+    # taking the results that teach the cost: 100k tiny items went as ~49k batches.
+    # Now only one batch per worker goes out blind.
+    n = 100_000
+    with Pool(2) as p:
+        assert sum(p.imap_unordered(abs, (-x for x in range(n)))) == n * (n - 1) // 2
+        batches = p._call.stats.batches
+    assert batches < 2000, f"{n} items went as {batches} batches"
+
+
 def test_input_that_waits_for_each_result_never_stalls():
     # Item i+1 exists only once result i was taken, after the pool has learned that items are
     # cheap (and would otherwise pull chunks of them): read one at a time, it must not wait

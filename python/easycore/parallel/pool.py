@@ -697,7 +697,7 @@ class Pool:
         if run_jid:
             self._deliver(jobs.get(run_jid), run_start, True, run)
         if count:
-            cost = seconds / count
+            cost = max(seconds / count, 1e-9)  # never 0, which means "not known" (engine)
             prev = self._item_cost
             self._item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
             self._bound_room(count)

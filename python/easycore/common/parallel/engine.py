@@ -1289,8 +1289,19 @@ class _Call:
 
     # ----- sending -----
 
+    def _cost(self) -> float:
+        """Producer seconds per item that batches are sized by (0: not known yet)."""
+        return self.runner._cost_per_item if self.cost is None else self.cost()
+
+    def _blind(self) -> bool:
+        """Whether the cost per item is not known yet and every producer has a batch: then
+        nothing more is sent until results teach it. (Sent blind, every buffered item went
+        as a batch of its own: a fresh pool's first imap over a generator of 300k tiny items
+        sent 49k batches, its sender looping on them and never back to its results.)"""
+        return self._cost() <= 0 and self.stats.batches - self.results_in >= self.n
+
     def _batch_size(self) -> int:
-        cost = self.runner._cost_per_item if self.cost is None else self.cost()
+        cost = self._cost()
         if cost <= 0:
             return 1
         bs = int(_TARGET_BATCH_S / cost)
@@ -1361,6 +1372,8 @@ class _Call:
         sent = False
         while not self.abort:
             if self.pending is None:
+                if self._blind():
+                    return sent
                 self.pending = self._make_batch()
                 if self.pending is None:
                     return sent
@@ -1386,7 +1399,7 @@ class _Call:
         return self.reader_done and not self.buf and self.pending is None
 
     def _ready_to_send(self) -> bool:
-        if self.pending is not None or self.in_full:
+        if self.pending is not None or self.in_full or self._blind():
             return False
         if self.seq_data is not None:
             return False  # sliced by the receiver itself: nothing arrives behind its back
@@ -1554,7 +1567,8 @@ class _Call:
         # batch of few items charges to each item. Weighted by its share of a full batch, the
         # lone item each call starts with no longer shrinks the next batches tenfold.
         share = min(1.0, count / self._batch_size())
-        r._cost_per_item = _ema(r._cost_per_item, delta / max(1, count), 0.3 * share)
+        per = max(delta / max(1, count), 1e-9)  # never 0, which means "not known"
+        r._cost_per_item = _ema(r._cost_per_item, per, 0.3 * share)
 
     def delivered_chunk(self, count: int) -> None:
         self.delivered += count
