@@ -56,12 +56,9 @@ class FakePool:
 
 
 def unpack(work: list) -> list:
-    """Packed work items -> (job, index, argument) per input item, in stream order (None
-    entries pad a merged run so that a batch keeps its length)."""
+    """Packed work items -> (job, index, argument) per input item, in stream order."""
     out = []
     for w in work:
-        if w is None:
-            continue
         jid, index, f, arg, mode = w
         if mode == _TASK:
             out.append((0, index, arg))
@@ -85,19 +82,22 @@ def test_packed_batches_cover_every_item_once_at_its_index(batch):
     it = iter(feed)
     raw = []
     packed = []
+    n_packed = 0  # raw items packed so far
     job1, job2 = pool._jobs[1], pool._jobs[2]
     while len(raw) < 12:  # job 1's 10 items and job 2's two chunks
         raw += read(it, 1)
         if len(raw) % batch == 0:
-            packed += feed.pack(raw[len(packed) :])
+            packed += feed.pack(raw[n_packed:])
+            n_packed = len(raw)
         # the callers consume what was read: room for the next segment
         job1.consumed, job2.consumed = job1.pulled, job2.pulled
     pool._closing = True
     pool._jobs.clear()
     assert list(it) == []  # the next read finds job 1's end, then the stream's
     assert job1.input_done and job2.input_done
-    packed += feed.pack(raw[len(packed) :])
-    assert len(packed) == len(raw)
+    packed += feed.pack(raw[n_packed:])
+    # a run of one segment's items in a batch travels as one work item
+    assert len(packed) == len(raw) if batch == 1 else len(packed) < len(raw)
     items = unpack(packed)
     assert sorted((j, i, x) for j, i, x in items if j == 1) == [
         (1, i, x) for i, x in enumerate("abcdefghij")

@@ -23,8 +23,8 @@ receiver as each comes; if the receiver starts to wait during an extend, it cuts
 runs, for other readers and the tests.) The feed registers each
 segment (where it starts in the stream of raw items) before the engine sees its first item,
 and :meth:`Feed.pack`, run by the engine's sender on each batch, turns a run of one
-segment's raw items into one work item followed by ``None`` for each other item of the run
-(the engine counts items; a producer returns ``None`` for ``None``).
+segment's raw items into one work item (the engine counts the batch's raw items, so that
+its results stand for them all: no padding travels).
 
 A segment:
 
@@ -232,8 +232,8 @@ class Feed:
 
     def pack(self, items: list) -> list:
         """A batch of raw items (the next ``len(items)`` of the stream) -> work items: one
-        per run of a segment's items, followed by None for each other item of the run, and
-        premade items as they are. Keeps the batch's length."""
+        per run of a segment's items, and premade items as they are. (The engine counts the
+        batch's raw items: its results stand for that many.)"""
         segs = self.segs
         pos = self.packed
         end = pos + len(items)
@@ -256,8 +256,6 @@ class Feed:
                 out.append(
                     (job.jid, seg.index + pos - seg.start, job.fn, items[i : i + m], job.mode)
                 )
-                if m > 1:
-                    out += [None] * (m - 1)
             pos = upto
             i += m
         self.packed = end

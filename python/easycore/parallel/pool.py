@@ -207,7 +207,7 @@ def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
     task. Returns ``(job, index, ok, value)``: for a chunk ``value`` is ``(results, seconds)``;
     an exception is returned as a report (``ok`` False), not raised, so the stream goes on."""
     if item is None:
-        return None  # padding of a merged chunk (see feed.Feed.pack)
+        return None  # a work item that could not be pickled (see _drop_unsendable)
     job, index, fn, arg, mode = item
     out: list = []
     try:
@@ -310,8 +310,8 @@ class _TaskHooks:
                 codec.dumps(item)  # out-of-band buffers are not copied by this check
             except Exception as e:  # noqa: BLE001 - reported to the item's call
                 pool._unsendable(item, e)
-            else:
-                kept.append(item)
+                item = None  # travels as nothing (the batch keeps its length: see Feed.pack)
+            kept.append(item)
         return kept
 
 
@@ -671,7 +671,7 @@ class Pool:
         run: list = []
         seconds = 0.0
         count = 0
-        for jid, index, ok, value in filter(None, results):  # without the padding (None)
+        for jid, index, ok, value in filter(None, results):  # None: an item never sent
             if jid == 0:
                 self._settle(index, ok, value)
                 continue

@@ -1009,9 +1009,11 @@ class _Call:
         cost: Callable[[], float] | None = None,
         runs: RunSource | None = None,
     ) -> None:
-        """``pack`` (optional) turns each batch's items into what is sent (the same number
-        of items); ``recover`` (optional) is called by the input thread when the input raised
-        and returns the iterator to go on reading, or None (the call fails with the error);
+        """``pack`` (optional) turns each batch's items into what is sent: fewer work items,
+        each standing for a run of input items (one result each; the call counts input
+        items, so it keeps each such batch's count in ``packed_counts``); ``recover``
+        (optional) is called by the input thread when the input raised and returns the
+        iterator to go on reading, or None (the call fails with the error);
         ``cost`` (optional) gives the producers' seconds per item that batches are sized by,
         instead of the runner's figure learned per item sent (the pool sends single items
         and whole chunks in one stream: a chunk's cost would shrink the batches of single
@@ -1069,6 +1071,10 @@ class _Call:
         self.next_item = 0  # index of the next item to send
         self.next_batch = 0
         self.pending: tuple[int, int, Any] | None = None  # (seq, n_items, parts) unsent
+        # seq -> input items of a sent batch that ``pack`` made into fewer work items (its
+        # results, one per work item, stand for that many items); written under send_lock
+        # before the batch is sent, removed by the receiving thread when its results come.
+        self.packed_counts: dict[int, int] = {}
         self.dispatched = 0  # items sent (under send_lock)
         self.dropped = 0  # items read but never sent (unpicklable, dropped by the runner)
         self.delivered = 0  # items handed out (written by the receiving thread only)
@@ -1367,9 +1373,11 @@ class _Call:
         return n - self.buf_off
 
     def _make_batch(self) -> tuple[int, int, Any] | None:
+        """The next batch: ``(seq, count, parts)``, ``count`` the input items it carries."""
         items = self._next_items()
         if items is None:
             return None
+        count = len(items)
         pack = self.pack
         if pack is not None:
             items = pack(items)
@@ -1378,18 +1386,24 @@ class _Call:
             parts = self.codec.dumps((first, items))
         except Exception as e:
             kept = self.runner._drop_unsendable(list(items), first, e)
-            self.dropped += len(items) - len(kept)  # under send_lock
+            if len(kept) != len(items):
+                if pack is not None:  # which input items a dropped one stood for is unknown
+                    raise EasycoreError("_drop_unsendable must keep a packed batch's length") from e
+                self.dropped += count - len(kept)  # under send_lock
+                count = len(kept)
             if not kept:
                 return None
             items = kept
             parts = self.codec.dumps((first, items))
         nb = wire.nbytes(parts)
-        self.bytes_per_item = nb / len(items)
+        self.bytes_per_item = nb / count
         self.stats.bytes_in += nb
         seq = self.next_batch
         self.next_batch += 1
-        self.next_item += len(items)
-        return seq, len(items), parts
+        self.next_item += count
+        if count != len(items):
+            self.packed_counts[seq] = count  # its results are fewer than its input items
+        return seq, count, parts
 
     def _send_available(self) -> bool:
         """Sends what is ready, never blocking (call under ``send_lock``); whether it sent."""
@@ -1439,9 +1453,11 @@ class _Call:
         if died is not None:
             raise died
 
-    def _chunks(self) -> Iterator[tuple[int, list]]:
-        """Sends and receives until every item is delivered; yields ``(first, results)``
-        in delivery order. The caller counts each chunk with :meth:`delivered_chunk`."""
+    def _chunks(self) -> Iterator[tuple[int, list, int]]:
+        """Sends and receives until every item is delivered; yields ``(first, results,
+        count)`` in delivery order, ``count`` the input items the results stand for
+        (``len(results)`` unless batches were packed). The caller counts each chunk with
+        :meth:`delivered_chunk`."""
         get_many = self.workers.out_q.get_many
         next_health = time.monotonic() + _TICK
         while True:
@@ -1518,8 +1534,8 @@ class _Call:
                 continue
             yield from self._take(msgs)
 
-    def _take(self, msgs: list) -> list[tuple[int, list]]:
-        out: list[tuple[int, list]] = []
+    def _take(self, msgs: list) -> list[tuple[int, list, int]]:
+        out: list[tuple[int, list, int]] = []
         for seq, kind, parts in msgs:
             t, call = wire.unpack_kind(kind)
             if call != self.call:
@@ -1534,13 +1550,14 @@ class _Call:
             first, results, wi, busy, wait = self.codec.loads(parts)
             self.results_in += 1
             del parts
+            count = self.packed_counts.pop(seq, None) or len(results)
             r = self.runner
-            r._out_bytes_per_item = _ema(r._out_bytes_per_item, nb / max(1, len(results)))
-            self._learn(wi, busy, wait, len(results))
+            r._out_bytes_per_item = _ema(r._out_bytes_per_item, nb / max(1, count))
+            self._learn(wi, busy, wait, count)
             if self.reorder is None:
-                out.append((first, results))
+                out.append((first, results, count))
             else:
-                self.reorder.push(seq, (first, results))
+                self.reorder.push(seq, (first, results, count))
                 out.extend(self.reorder.pop_ready())
         return out
 
@@ -1634,7 +1651,7 @@ class _Call:
             _call_hook("consumer_init", runner.consumer_init, cfg)
             work = runner.consumer_work
             busy = 0.0
-            for first, results in self._chunks():
+            for first, results, _count in self._chunks():  # no pack: count == len(results)
                 t = time.perf_counter()
                 for i, r in enumerate(results):
                     try:
@@ -1670,8 +1687,8 @@ class _Call:
         self._start()
         finished = False
         try:
-            for _first, results in self._chunks():
-                self.delivered_chunk(len(results))
+            for _first, results, count in self._chunks():
+                self.delivered_chunk(count)
                 yield results
             finished = True
         except BaseException as e:
