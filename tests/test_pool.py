@@ -94,10 +94,11 @@ def test_error_mid_chunk_yields_every_result_before_it(pool, chunksize):
 
     for _ in range(3):
         seen = []
-        with pytest.raises(KeyError):
+        with pytest.raises(KeyError) as ei:
             for r in pool.imap(f, iter(range(2000)), chunksize=chunksize):
                 seen.append(r)
         assert seen == list(range(777))
+        assert "(item 777)" in str(ei.value)
 
 
 def test_error_inside_a_run_of_merged_results(pool):
