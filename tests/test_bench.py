@@ -194,6 +194,18 @@ def test_pool_with_the_tuned_chunksize_is_a_system(tmp_path: Path) -> None:
     assert tuned["status"] == "unavailable" and "reads its input ahead" in tuned["detail"]
 
 
+@pytest.mark.parametrize("ordered", [False, True])
+def test_paired_pool_script_runs_and_both_pools_agree(ordered: bool) -> None:
+    # scripts/bench_pool_pairs.py (the README's paired figures) checks that both pools give
+    # the same consumer result before it times them, and prints the median ratio.
+    cmd = [sys.executable, str(REPO / "scripts" / "bench_pool_pairs.py"), "--pairs", "1"]
+    cmd += ["--ordered"] if ordered else []
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "median of 1 pairs" in proc.stdout, proc.stdout
+    assert ("imap," if ordered else "imap_unordered,") in proc.stdout
+
+
 @pytest.mark.parametrize("extra_system", [WrongSystem], indirect=True)
 def test_wrong_system_is_reported(
     tmp_path: Path, extra_system: systems.System, capsys: pytest.CaptureFixture[str]
