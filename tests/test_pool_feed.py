@@ -141,7 +141,7 @@ def test_an_input_error_fails_its_job_only_and_the_feed_goes_on():
     assert read(it, 3) == [1, 2, 3]
     with pytest.raises(ValueError) as ei:
         next(it)
-    it = feed.recover(ei.value)
+    it = feed.recover(ei.value, 3)  # the failing run gave 1, 2, 3, then raised
     assert it is not None
     assert job1.pulled == 3 and isinstance(job1.error, ValueError) and job1.input_done
     del pool._jobs[1]
@@ -163,7 +163,7 @@ def test_an_input_error_fails_its_job_only_and_the_feed_goes_on():
 def test_the_feeds_own_failure_is_not_recovered():
     pool = FakePool()
     feed = Feed(pool, 0)
-    assert feed.recover(RuntimeError("not from a job's input")) is None
+    assert feed.recover(RuntimeError("not from a job's input"), 0) is None
 
 
 def test_a_closed_job_is_not_read_further():

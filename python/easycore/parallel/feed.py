@@ -12,7 +12,7 @@ whatever has arrived. But a Python ``__next__`` per item, wrapping each item in 
 item, costs about a microsecond, more than the rest of the pool's path. So an iterator job is
 read in *segments*: a segment is a C-level iterator over the job's own items::
 
-    map(itemgetter(1), zip(iter(gate), job.it, counter))
+    map(itemgetter(1), zip(iter(gate), job.it))
 
 handed to the engine's input thread as a *run* (:meth:`Feed.next_run`, the engine's
 ``RunSource``). The engine pulls a run in with one ``list.extend``: no Python frame per item.
@@ -33,11 +33,11 @@ A segment:
 * is *cut* between two items (``gate`` emptied, from any thread) when a task is submitted, a
   job opens or closes, the stream ends or the engine's receiver starts to wait on each item,
   so nothing waits behind a slow input for more than the item being read;
-* counts what it read: ``counter`` (``iter(range(n))``) advances only after the job's
-  iterator yielded, so ``n - length_hint(counter)`` is exact, and a segment that read fewer
-  than ``n`` items and was not cut has seen the end of its input;
+* is counted by its reader (the engine's input thread counts how much its buffer grew; a
+  counter inside the chain cost ~10 ns an item), and a segment that read fewer than ``n``
+  items and was not cut has seen the end of its input;
 * ends with the error of its input: the engine's input thread calls :meth:`Feed.recover`,
-  which fails that job only and hands back a new chain that goes on with the next segment.
+  which fails that job only; reading goes on with the next segment.
 
 Ranges, lists and tuples are sliced into chunks (one work item each), an iterator with a
 ``chunksize`` is read a chunk at a time, and a task is one work item: each travels as a
@@ -66,22 +66,16 @@ _SEGMENT_MAX = 16384
 class _Segment:
     """A run of raw items in the stream: one job's items, or one premade work item."""
 
-    __slots__ = ("start", "job", "index", "n", "gate", "counter", "cut")
+    __slots__ = ("start", "job", "index", "n", "gate", "cut")
 
     def __init__(self, start: int, job: _Job | None = None, index: int = 0, n: int = 1) -> None:
         self.start = start  # position of its first raw item in the stream
         self.job = job  # None: a premade work item (a task, or a chunk made by the feed)
         self.index = index  # the job's input index of its first item
         self.n = n  # most items it may read
-        # Emptied to cut the segment between two items; the counter advances only after the
-        # job's iterator yielded (zip asks gate, then the input, then counter).
+        # Emptied to cut the segment between two items (zip asks gate, then the input).
         self.gate: list | None = [None] * n if job is not None else None
-        self.counter: Iterator[int] | None = iter(range(n)) if job is not None else None
         self.cut = False
-
-    def read(self) -> int:
-        """Items read so far."""
-        return self.n - operator.length_hint(self.counter) if self.counter is not None else 1
 
 
 class Feed:
@@ -100,30 +94,36 @@ class Feed:
         self.packed = 0  # raw items packed so far (the sender's position in the stream)
 
     def __iter__(self) -> Iterator[Any]:
-        return itertools.chain.from_iterable(self._segments())
+        """The stream item by item, counting each run's items (for the tests; the engine
+        reads runs, see :meth:`next_run`). After an input error, :meth:`recover` it with the
+        number of items the failing run gave."""
+        got = None
+        while (run := self.next_run(_SEGMENT_MAX, got)) is not None:
+            got = 0
+            for x in run:
+                got += 1
+                yield x
 
     # ----- the input thread -----
 
-    def _segments(self) -> Iterator[Iterable[Any]]:
-        while (run := self.next_run(_SEGMENT_MAX)) is not None:
-            yield run[0]
-
-    def next_run(self, limit: int) -> tuple[Iterable[Any], _Segment | None] | None:
-        """The next run of the stream and its segment (None: a premade work item), waiting
-        for one; None at the end. A job's run reads at most ``limit`` items; it is the
+    def next_run(self, limit: int, got: int | None) -> Iterable[Any] | None:
+        """The next run of the stream, waiting for one; None at the end. ``got``: how many
+        items the previous run gave (the reader counts them; None if there was no run since
+        the last :meth:`recover`). A job's run reads at most ``limit`` items; it is the
         segment being read (``reading``, cut by :meth:`cut`) from before it is returned, and
-        settled by the next call. How many items a run gave: :meth:`run_length`."""
+        settled by the next call."""
         pool = self.pool
         while True:
             seg = self.reading
             if seg is not None:
-                self._settle(seg, None)
+                assert got is not None, "a job's run ended without its count"
+                self._settle(seg, got, None)
             try:
                 chosen, cuts = self._choose()
             except StopIteration:
                 return None
             if isinstance(chosen, tuple):
-                return self._premade(chosen), None  # a submitted task
+                return self._premade(chosen)  # a submitted task
             job = chosen
             index = job.pulled
             ahead = min(job.window, job.room[0]) - (index - job.consumed)
@@ -133,9 +133,9 @@ class Feed:
                 self.reading = seg
                 if cuts != pool._cuts or job.closed:
                     self.cut()  # something asked for a cut since _choose looked
-                # gate and counter hold n entries: zip stops at whichever ends first
-                read = zip(iter(seg.gate), job.it, seg.counter, strict=False)  # type: ignore[arg-type]
-                return map(_second, read), seg
+                # the gate holds n entries: zip stops when it ends, before reading the input
+                read = zip(iter(seg.gate), job.it, strict=False)  # type: ignore[arg-type]
+                return map(_second, read)
             # A range/list/tuple is sliced; an iterator with a chunksize waits to fill one.
             auto = pool._auto_chunk(job) if job.seq is not None else 1
             size = max(1, min(job.chunksize or auto, ahead))
@@ -152,23 +152,17 @@ class Feed:
                 self._ended(job)
                 if not items:
                     continue
-            return self._premade((job.jid, index, job.fn, items, job.mode)), None
-
-    @staticmethod
-    def run_length(seg: _Segment | None) -> int:
-        """Items a run returned by :meth:`next_run` has given so far."""
-        return 1 if seg is None else seg.read()
+            return self._premade((job.jid, index, job.fn, items, job.mode))
 
     def _premade(self, item: tuple) -> tuple:
         self.segs.append(_Segment(self.pos))
         self.pos += 1
         return (item,)
 
-    def _settle(self, seg: _Segment, error: BaseException | None) -> None:
-        """The input thread is done with ``seg``: counts what it read; its job's input is over
-        if it read less than it could without being cut, or failed with ``error``."""
+    def _settle(self, seg: _Segment, got: int, error: BaseException | None) -> None:
+        """The input thread is done with ``seg``, which gave ``got`` items; its job's input is
+        over if it read less than it could without being cut, or failed with ``error``."""
         job = seg.job
-        got = seg.read()
         self.pos += got
         self.reading = None
         job.pulled = seg.index + got  # type: ignore[union-attr]
@@ -177,14 +171,15 @@ class Feed:
         elif got < seg.n and not seg.cut:
             self._ended(job)  # type: ignore[arg-type]
 
-    def recover(self, error: BaseException) -> Iterator[Any] | None:
-        """The engine's input thread got ``error`` from the feed. The input of the job being
-        read raised: that job fails, and the returned chain goes on with the next segment.
-        Anything else is the feed's own failure (None: the stream fails)."""
+    def recover(self, error: BaseException, got: int) -> Iterator[Any] | None:
+        """The engine's input thread got ``error`` from the feed, after ``got`` items of the
+        run. The input of the job being read raised: that job fails, and the returned chain
+        goes on with the next segment. Anything else is the feed's own failure (None: the
+        stream fails)."""
         seg = self.reading
         if seg is None:
             return None
-        self._settle(seg, error)
+        self._settle(seg, got, error)
         return iter(self)
 
     def _ended(self, job: _Job) -> None:

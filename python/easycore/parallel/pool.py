@@ -633,7 +633,6 @@ class Pool:
                         None,
                         True,
                         pack=feed.pack,
-                        recover=feed.recover,
                         cost=self._cost_per_value,
                         runs=feed,
                     )

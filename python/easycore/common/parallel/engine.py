@@ -915,20 +915,18 @@ class BaseRunner(RunnerHooks):
 class RunSource(Protocol):
     """An input read run by run (the pool's feed: ``easycore.parallel.feed.Feed``)."""
 
-    def next_run(self, limit: int) -> tuple[Iterable[Any], Any] | None:
-        """The next run (at most ``limit`` items) and a token for :meth:`run_length`,
-        waiting for one; None at the end. The run is the one :meth:`cut` cuts from before
+    def next_run(self, limit: int, got: int | None) -> Iterable[Any] | None:
+        """The next run (at most ``limit`` items), waiting for one; None at the end.
+        ``got``: how many items the previous run gave (None: there was none, or it raised
+        and was given to :meth:`recover`). The run is the one :meth:`cut` cuts from before
         it is returned."""
-
-    def run_length(self, token: Any) -> int:
-        """Items the run of ``token`` has given so far."""
 
     def cut(self) -> None:
         """Ends the run being read after the item being read (any thread)."""
 
-    def recover(self, error: BaseException) -> Any:
-        """The run raised ``error``: None if the whole input fails, else anything (reading
-        goes on with the next run)."""
+    def recover(self, error: BaseException, got: int) -> Any:
+        """The run raised ``error`` after giving ``got`` items: None if the whole input
+        fails, else anything (reading goes on with the next run)."""
 
 
 class _Flag(list):
@@ -1005,21 +1003,19 @@ class _Call:
         is_imap: bool,
         read_ahead: bool = True,
         pack: Callable[[list], list] | None = None,
-        recover: Callable[[BaseException], Iterator[Any] | None] | None = None,
         cost: Callable[[], float] | None = None,
         runs: RunSource | None = None,
     ) -> None:
         """``pack`` (optional) turns each batch's items into what is sent: fewer work items,
         each standing for a run of input items (one result each; the call counts input
-        items, so it keeps each such batch's count in ``packed_counts``); ``recover``
-        (optional) is called by the input thread when the input raised and returns the
-        iterator to go on reading, or None (the call fails with the error);
+        items, so it keeps each such batch's count in ``packed_counts``);
         ``cost`` (optional) gives the producers' seconds per item that batches are sized by,
         instead of the runner's figure learned per item sent (the pool sends single items
         and whole chunks in one stream: a chunk's cost would shrink the batches of single
         items a thousandfold); ``runs`` (optional) is the input read run by run (the pool's
         feed, see :class:`RunSource`): each run is pulled in with one ``list.extend``, not a
-        Python loop per item, unless the receiving thread waits on each item."""
+        Python loop per item, unless the receiving thread waits on each item, and survives
+        an error of one run if the source recovers from it."""
         if timeout is not None and not timeout > 0:
             raise InvalidArgument(f"timeout must be positive or None, got {timeout!r}")
         self.runner = runner
@@ -1040,17 +1036,19 @@ class _Call:
         self.it = None if self.seq_data is not None else iter(data_iter)
         self.pos = 0  # next index of seq_data to send
         # Items read from self.it; those before buf_off are sent. The reader only appends;
-        # the sender (under send_lock) advances buf_off and now and then removes the sent
-        # prefix (each step atomic under the GIL), so the reader needs no lock. Removing the
-        # prefix at each batch would move every item behind it: with tens of thousands read
-        # ahead, that memmove was an eighth of the sender's time on tiny items.
+        # the sender (under send_lock) advances buf_off. The sent prefix is removed now and
+        # then, under send_lock (each step atomic under the GIL), by the sender, or by a run
+        # reader between two runs (runs_compact): it counts a run's items by how much
+        # len(buf) grew. Removing the prefix at each batch would move every item behind it:
+        # with tens of thousands read ahead, that memmove was an eighth of the sender's time
+        # on tiny items.
         self.buf: list = []
         self.buf_off = 0
+        self.runs_compact = runs is not None and self.it is not None and read_ahead
         self.reader: threading.Thread | None = None
         self.read_ahead = read_ahead  # False: the receiving thread reads, one item at a time
         self.reader_done = self.seq_data is not None
         self.pack = pack
-        self.recover = recover
         self.cost = cost
         self.runs = runs
         # The reader is inside a list.extend of a run: the receiving thread, wanting each
@@ -1133,25 +1131,16 @@ class _Call:
                 if step <= 0:
                     continue  # aborted
                 got = 0
-                try:
-                    # islice pulls one item at a time: nothing is held back while next() blocks.
-                    # (This loop in Rust would be 60 ns an item faster, but a Rust frame under
-                    # a daemon thread blocked in the user's iterator makes the interpreter
-                    # abort at exit: see src/python/detach.rs.)
-                    for got, x in enumerate(itertools.islice(it, step), 1):  # noqa: B007
-                        append(x)
-                        if attention:
-                            if self.abort:
-                                return
-                            self._input_arrived()
-                except BaseException as e:
-                    # An input that survives its own errors (the pool's feed: one job's
-                    # input failed, the others go on) gives the iterator to go on with.
-                    it = self.recover(e) if self.recover is not None else None
-                    if it is None:
-                        raise
-                    read += got
-                    continue
+                # islice pulls one item at a time: nothing is held back while next() blocks.
+                # (This loop in Rust would be 60 ns an item faster, but a Rust frame under a
+                # daemon thread blocked in the user's iterator makes the interpreter abort at
+                # exit: see src/python/detach.rs.)
+                for got, x in enumerate(itertools.islice(it, step), 1):  # noqa: B007
+                    append(x)
+                    if attention:
+                        if self.abort:
+                            return
+                        self._input_arrived()
                 read += got
                 if got < step:
                     break  # the input is over
@@ -1208,22 +1197,27 @@ class _Call:
         during an extend, it cuts the run (:meth:`RunSource.cut`): the extend ends after
         the item being read, and the receiver is woken. Race-free: the reader announces
         ``bulk`` before it looks at ``attention``; the receiver sets ``attention`` before
-        it looks at ``bulk``."""
+        it looks at ``bulk``. A run's items are counted by how much ``len(buf)`` grew: only
+        this thread removes the sent prefix of ``buf`` (:meth:`_compact`), between runs."""
         src = self.runs
         assert src is not None
         buf = self.buf
         append, extend = buf.append, buf.extend
         attention = self.attention
         read = 0
+        got: int | None = None  # items the last run gave (None: no run to report)
         try:
             while not self.abort:
                 room = self._wait_for_room(read)
                 if room <= 0:
                     continue  # aborted
-                run = src.next_run(room)
+                self._compact()
+                run = src.next_run(room, got)
+                got = None
                 if run is None:
                     break  # the input is over
-                items, token = iter(run[0]), run[1]
+                items = iter(run)
+                start = len(buf)
                 try:
                     while True:
                         self.bulk = True
@@ -1248,11 +1242,13 @@ class _Call:
                             break  # the run is over
                 except BaseException as e:
                     self.bulk = False
-                    read += src.run_length(token)
-                    if src.recover(e) is None:
+                    n = len(buf) - start
+                    read += n
+                    if src.recover(e, n) is None:
                         raise
                     continue
-                read += src.run_length(token)
+                got = len(buf) - start
+                read += got
         except BaseException as e:  # noqa: BLE001 - raised in the receiving thread
             self.input_error = e
         finally:
@@ -1356,15 +1352,32 @@ class _Call:
             return None
         end = off + min(n, self._batch_size())
         items = buf[off:end]
-        if 2 * end >= len(buf):
-            # At least half of the list is sent: remove it (moving no more items than were
-            # sent since the last removal). buf_off is reset first: a thread that reads
-            # len(buf) and then buf_off (see _unsent) may overcount, never undercount.
-            self.buf_off = 0
-            del buf[:end]
-        else:
-            self.buf_off = end
+        self.buf_off = end
+        if not self.runs_compact:
+            self._compact_sent()
         return items
+
+    def _compact_sent(self) -> None:
+        """Under send_lock: removes the sent prefix of ``buf`` once it is at least half the
+        list (moving no more items than were sent since the last removal). buf_off is reset
+        first: a thread that reads len(buf) and then buf_off (see _unsent) may overcount,
+        never undercount."""
+        off = self.buf_off
+        if off and 2 * off >= len(self.buf):
+            self.buf_off = 0
+            del self.buf[:off]
+
+    def _compact(self) -> None:
+        """The run reader, between two runs: :meth:`_compact_sent` if the sender is not busy
+        (it waits for it only when more than a window of sent items piled up)."""
+        if not self.buf_off:
+            return
+        lock = self.send_lock
+        if lock.acquire(timeout=_TICK) if self.buf_off > self.window else lock.acquire(False):
+            try:
+                self._compact_sent()
+            finally:
+                self.send_lock.release()
 
     def _unsent(self) -> int:
         """Items read but not taken by the sender (a racing sender makes it an overcount,
