@@ -301,6 +301,31 @@ def test_a_users_sigterm_handler_is_kept():
     assert out.stdout.strip() == "True 14", out.stderr
 
 
+def test_a_child_forked_by_another_library_keeps_the_default_sigterm():
+    # Inherited, the caller's Python-level SIGTERM handler made multiprocessing.Pool's
+    # workers survive a SIGTERM that landed just before they blocked on a lock, and
+    # Pool.terminate() then hung (about 1 run in 30). Every forked child gets the default.
+    out = run_script(
+        """
+        import multiprocessing as mp, signal, runner_defs as rd
+
+        def disposition(q):
+            q.put(signal.getsignal(signal.SIGTERM) is signal.SIG_DFL)
+
+        with rd.SumSquares(devices=1, start_method="fork") as r:
+            r(range(4))
+            ours = signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            ctx = mp.get_context("fork")
+            q = ctx.SimpleQueue()
+            p = ctx.Process(target=disposition, args=(q,))
+            p.start()
+            p.join(30)
+            print(ours, q.get())
+        """
+    )
+    assert out.stdout.strip() == "True True", out.stderr
+
+
 def test_idle_forkserver_producers_do_not_take_the_fork_server_for_their_parent():
     # Their parent process is the fork server: the old orphan check (getppid() against the
     # caller's pid) made every idle producer exit after half a second.

@@ -373,6 +373,27 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signum)
 
 
+def _sigterm_default_in_child() -> None:
+    """In a forked child (of any library: a ``multiprocessing.Pool`` worker too), SIGTERM
+    gets back the disposition it had before :func:`_on_sigterm`. A Python-level handler runs
+    only between bytecodes: a SIGTERM that lands just before a blocking call (a worker about
+    to wait on a lock that its parent, terminating the pool, holds for good) is noted and
+    never handled, and the child outlives its ``terminate()``. With our handler inherited,
+    ``multiprocessing.Pool.terminate()`` hung in about 1 of 30 runs in a process that also
+    ran an easycore pool. (Our producers reset it too, see ``worker.producer_main``.)"""
+    global _SIGTERM_PREVIOUS
+    try:
+        if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+            previous = _SIGTERM_PREVIOUS
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            _SIGTERM_PREVIOUS = None  # a runner made in the child installs it afresh
+    except (ValueError, OSError):
+        pass  # not the main thread of the main interpreter: nothing was inherited here
+
+
+os.register_at_fork(after_in_child=_sigterm_default_in_child)
+
+
 def _install_sigterm_handler() -> None:
     """Installs :func:`_on_sigterm` once, from the main thread, and only where SIGTERM still
     has its default disposition (a handler of the user's, or SIG_IGN, is left alone)."""
