@@ -159,6 +159,19 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class TunableSystem(System):
+    """A system with a default and a ``tuned`` variant (given the job's chunk size): each
+    its own key and ``--list`` line, ``(default, tuned)``."""
+
+    keys: tuple[str, str] = ("", "")
+    descriptions: tuple[str, str] = ("", "")
+
+    def __init__(self, tuned: bool = False) -> None:
+        self.tuned = tuned
+        self.key = self.keys[tuned]
+        self.description = self.descriptions[tuned]
+
+
 class RunnerSystem(System):
     """A runner with the manual's API: ``Runner(devices=...)``, ``runner(data)``, ``close()``."""
 
@@ -343,17 +356,14 @@ def _device_queue(ctx: Any, devices: list[str]) -> Any:
     return q
 
 
-class PoolSystem(System):
+class PoolSystem(TunableSystem):
     """``multiprocessing.Pool.imap`` (ordered jobs) or ``imap_unordered``."""
 
-    def __init__(self, tuned: bool) -> None:
-        self.tuned = tuned
-        self.key = "pool_imap_tuned" if tuned else "pool_imap"
-        self.description = (
-            "multiprocessing.Pool.imap / imap_unordered, chunk size n // (4 * workers)"
-            if tuned
-            else "multiprocessing.Pool.imap / imap_unordered, chunksize 1"
-        )
+    keys = ("pool_imap", "pool_imap_tuned")
+    descriptions = (
+        "multiprocessing.Pool.imap / imap_unordered, chunksize 1",
+        "multiprocessing.Pool.imap / imap_unordered, chunk size n // (4 * workers)",
+    )
 
     def _chunksize(self, job: Job) -> int:
         return job.chunksize if self.tuned else 1
@@ -565,18 +575,15 @@ def _ec_pool_work(data: Any) -> Any:
     return hooks.producer_work(device, cfg, data)
 
 
-class EasycorePoolSystem(System):
+class EasycorePoolSystem(TunableSystem):
     """easycore's function-style pool: ``Pool.imap`` (ordered jobs) or ``imap_unordered``,
     default (adaptive) batching, or (``tuned``) the chunk size ``pool_imap_tuned`` gets."""
 
-    def __init__(self, tuned: bool = False) -> None:
-        self.tuned = tuned
-        self.key = "easycore_pool_tuned" if tuned else "easycore_pool"
-        self.description = (
-            "easycore's Pool.imap / imap_unordered with pool_imap_tuned's chunk size"
-            if tuned
-            else "easycore's function-style Pool.imap / imap_unordered, default chunking"
-        )
+    keys = ("easycore_pool", "easycore_pool_tuned")
+    descriptions = (
+        "easycore's function-style Pool.imap / imap_unordered, default chunking",
+        "easycore's Pool.imap / imap_unordered with pool_imap_tuned's chunk size",
+    )
 
     def _module(self, job: Job) -> str:
         return "easycore.torch.parallel" if job.torch_flavour else "easycore.parallel"

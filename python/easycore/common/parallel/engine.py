@@ -1332,7 +1332,7 @@ class _Call:
         nothing more is sent until results teach it. (Sent blind, every buffered item went
         as a batch of its own: a fresh pool's first imap over a generator of 300k tiny items
         sent 49k batches, its sender looping on them and never back to its results.)"""
-        return self._cost() <= 0 and self.stats.batches - self.results_in >= self.n
+        return self._cost() <= 0 and not self._producer_idle()
 
     def _batch_size(self) -> int:
         cost = self._cost()
@@ -1398,7 +1398,7 @@ class _Call:
             try:
                 self._compact_sent()
             finally:
-                self.send_lock.release()
+                lock.release()
 
     def _unsent(self) -> int:
         """Items read but not taken by the sender (a racing sender makes it an overcount,
