@@ -192,9 +192,9 @@ def test_an_item_read_while_a_worker_is_idle_goes_to_it_at_once(tmp_path, monkey
     # their way than there are workers. Here the first item's task waits for the second
     # item's task to start: if the second item were held until the first one's result (or
     # the receiver's next tick, made 60 s here), the first would give up after 30 s: False.
-    from easycore.common.parallel import engine
+    from easycore.common.parallel import call
 
-    monkeypatch.setattr(engine, "_TICK", 60.0)
+    monkeypatch.setattr(call, "TICK", 60.0)
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
 
     def source():

@@ -189,9 +189,9 @@ def test_an_item_read_while_a_producer_is_idle_goes_to_it_at_once(tmp_path, monk
     # waking the receiver, so the second item waited in the buffer, with a producer idle,
     # until a result or the receiver's tick (100 ms; 60 s here): the first task then gave up
     # after 30 s and returned False.
-    from easycore.common.parallel import engine
+    from easycore.common.parallel import call
 
-    monkeypatch.setattr(engine, "_TICK", 60.0)
+    monkeypatch.setattr(call, "TICK", 60.0)
     a, b = str(tmp_path / "a"), str(tmp_path / "b")
 
     def source():
@@ -468,7 +468,7 @@ def test_a_batch_of_few_items_barely_moves_the_learned_cost():
     # next batches tenfold smaller. Now a sample weighs by its share of a full batch.
     from types import SimpleNamespace
 
-    from easycore.common.parallel.engine import _Call
+    from easycore.common.parallel.call import Call
 
     runner = SimpleNamespace(_cost_per_item=0.2e-6)
     call = SimpleNamespace(
@@ -478,8 +478,8 @@ def test_a_batch_of_few_items_barely_moves_the_learned_cost():
         runner=runner,
         _batch_size=lambda: 2048,
     )
-    _Call._learn(call, 0, 6e-6, 0.0, 1)  # one item, 6 µs: the fixed part
+    Call._learn(call, 0, 6e-6, 0.0, 1)  # one item, 6 µs: the fixed part
     assert runner._cost_per_item < 0.21e-6  # before: 1.9e-6
     # A full batch still teaches at the full rate.
-    _Call._learn(call, 0, 6e-6 + 2048 * 1e-6, 0.0, 2048)
+    Call._learn(call, 0, 6e-6 + 2048 * 1e-6, 0.0, 2048)
     assert 0.4e-6 < runner._cost_per_item < 0.5e-6

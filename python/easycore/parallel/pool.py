@@ -49,6 +49,8 @@ from typing import Any
 
 from easycore.common.parallel import engine, wire
 from easycore.common.parallel import worker as _worker
+from easycore.common.parallel.call import Call
+from easycore.common.parallel.remote_errors import worker_error
 from easycore.common.parallel.worker import error_report
 from easycore.errors import (
     EasycoreError,
@@ -380,7 +382,7 @@ class _Job:
                 # Ordered: the error of the earliest item is raised (errors of chunks can
                 # arrive out of order; the results before it all arrive, as results or errors).
                 if self.error is None or (self.ordered and index < self.error_at):
-                    self.error = engine._worker_error(value)
+                    self.error = worker_error(value)
                     self.error_at = index if self.ordered else 0
             elif self.ordered:
                 self.ready[index] = value  # type: ignore[index]
@@ -626,7 +628,7 @@ class Pool:
                 try:
                     runner.activate()  # after a failure: restart the workers for new work
                     feed = Feed(self, generation)
-                    call = engine._Call(
+                    call = Call(
                         runner,
                         feed,
                         False,
@@ -733,7 +735,7 @@ class Pool:
             if ok:
                 fut.set_result(value)
             else:
-                fut.set_exception(engine._worker_error(value))
+                fut.set_exception(worker_error(value))
         except InvalidStateError:
             pass  # failed meanwhile by terminate()
 

@@ -1,9 +1,9 @@
 """The Ray backend: a runner's producers as Ray actors, behind the engine's worker interface.
 
-The engine's call (:class:`~easycore.common.parallel.engine._Call`) reads and batches the
+The engine's call (:class:`~easycore.common.parallel.call.Call`) reads and batches the
 input, keeps the window, orders results, runs the consumer hooks, shows progress and keeps
 the statistics. It talks to its producers through an object with the interface of
-``engine._Workers``; :class:`RayWorkers` is such an object:
+``producers.LocalWorkers``; :class:`RayWorkers` is such an object:
 
 * ``in_q.put(seq, kind, parts, block=False)`` sends one batch as one actor call
   (``ProducerActor.work``) to the actor with the fewest calls in flight, and raises
@@ -29,8 +29,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from easycore.common.parallel import engine, wire
+from easycore.common.parallel import producers, wire
 from easycore.common.parallel import worker as _worker
+from easycore.common.parallel.remote_errors import worker_error
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -288,8 +289,8 @@ class _Results:
             self.cond.notify_all()
 
 
-class RayWorkers(engine.WorkerSet):
-    """The actors of an active runner, with the interface of the engine's ``_Workers``."""
+class RayWorkers(producers.WorkerSet):
+    """The actors of an active runner, with the interface of the engine's ``LocalWorkers``."""
 
     def __init__(
         self,
@@ -324,7 +325,7 @@ class RayWorkers(engine.WorkerSet):
         self.owner_pid = os.getpid()
         self.in_q = _Sender(self)
         self.out_q = _Results()
-        engine._LIVE_WORKERS.add(self)
+        producers.LIVE_WORKERS.add(self)
 
     # ----- start -----
 
@@ -451,7 +452,7 @@ class RayWorkers(engine.WorkerSet):
             self.died.node_id = p.node_id  # type: ignore[attr-defined]
             self.died.node_ip = p.node_ip  # type: ignore[attr-defined]
 
-    # ----- the engine's _Workers interface -----
+    # ----- the WorkerSet interface (as LocalWorkers) -----
 
     def dead(self) -> WorkerDiedError | None:
         """The error for the first actor seen dead, if any."""
@@ -512,7 +513,7 @@ class RayWorkers(engine.WorkerSet):
         self.out_q.close()
         for h in self.handles:
             _kill(self.ray, h)
-        engine._LIVE_WORKERS.discard(self)
+        producers.LIVE_WORKERS.discard(self)
 
 
 def _kill(ray: Any, handle: Any) -> None:
@@ -551,6 +552,6 @@ def _wait_started(
                     device=plan.devices[i],
                 ) from e
             if kind == wire.ERROR:
-                raise engine._worker_error(codec.loads(parts))
+                raise worker_error(codec.loads(parts))
             infos[i] = ActorInfo(pid, node_id, ip, handles[i]._actor_id.hex())
     return [x for x in infos if x is not None]

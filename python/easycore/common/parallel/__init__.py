@@ -6,7 +6,8 @@ Inside producer hooks, :func:`worker_info` says which producer runs (index, numb
 producers, device, seed).
 """
 
-from easycore.common.parallel.engine import BaseRunner, OrderedRunner, RunnerStats, UnorderedRunner
+from easycore.common.parallel.engine import BaseRunner, OrderedRunner, UnorderedRunner
+from easycore.common.parallel.stats import RunnerStats
 from easycore.common.parallel.worker import WorkerInfo, worker_info
 
 __all__ = [

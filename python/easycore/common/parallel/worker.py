@@ -27,11 +27,14 @@ import sys
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from easycore._core import Queue, exit_when_dead, owner_alive, retire_identity
 from easycore.common.parallel import leases, wire
 from easycore.errors import QueueClosed, QueueEmpty, QueueFull, SharedMemoryError
+
+if TYPE_CHECKING:
+    from easycore.common.parallel.engine import BaseRunner
 
 _PARENT_CHECK_S = 0.5
 
@@ -110,7 +113,7 @@ class _Interrupted(BaseException):
     """Raised in a producer by the caller's interrupt signal: drop the current batch."""
 
 
-def _dumps_fixed(work: Any, codec: Any, payload: tuple, device: str) -> list | None:
+def _dumps_fixed(work: Any, codec: Any, payload: tuple[Any, ...], device: str) -> list[Any] | None:
     """The batch's results did not pickle: if ``producer_work`` carries a
     ``fix_unsendable(results, device)`` function (the pool's does), the results it returns
     (the culprits replaced by error reports) are pickled instead; else None."""
@@ -190,7 +193,7 @@ class _SeedOnImport:
             sys.modules[name] = module
             _seed_all(seed, done)
 
-        loader.exec_module = exec_module
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # this loader only
         return spec
 
 
@@ -213,7 +216,7 @@ def _pickled(obj: Any) -> bytes | None:
 
 def error_report(
     hook: str, device: str | None, item: int | None, exc: BaseException, kind: str
-) -> dict:
+) -> dict[str, Any]:
     """The picklable description of a hook's exception sent to the caller.
 
     Never raises, whatever the exception's ``__str__``, ``__repr__`` or pickling do. The
@@ -240,7 +243,7 @@ def error_report(
     }
 
 
-def _put(out_q: Queue, seq: int, kind: int, parts: list, parent_alive: Any) -> bool:
+def _put(out_q: Queue, seq: int, kind: int, parts: list[Any], parent_alive: Any) -> bool:
     """Puts a message, giving up (False) if the caller disappears while the queue is full."""
     while True:
         try:
@@ -267,7 +270,7 @@ def _parent_check(owner: str | None, parent_pid: int) -> Any:
 
 
 def producer_main(
-    runner_cls: type,
+    runner_cls: type[BaseRunner],
     index: int,
     device: str,
     cfg: Any,
@@ -275,7 +278,7 @@ def producer_main(
     out_q: Queue,
     parent_pid: int,
     setup: Any = None,
-    options: dict | None = None,
+    options: dict[str, Any] | None = None,
 ) -> None:
     """Entry point of a producer process.
 
@@ -370,7 +373,7 @@ def producer_main(
                 state[me + SINCE_NS] = time.monotonic_ns()
                 state[me + CALL] = call
             working_call[0] = call
-            results: list = []
+            results: list[Any] = []
             append = results.append
             failed = None
             try:
@@ -401,6 +404,7 @@ def producer_main(
                 continue
             payload = (first, results, index, busy, in_q.wait_seconds + out_q.wait_seconds)
             pickle_error: BaseException | None = None
+            out_parts: list[Any] | None
             try:
                 out_parts = codec.dumps(payload)
             except BaseException as e:  # noqa: BLE001

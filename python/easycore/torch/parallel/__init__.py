@@ -69,7 +69,9 @@ def _check_torch_devices(devices: list[str]) -> None:
 class BaseRunner(engine.BaseRunner):
     __doc__ = engine.BaseRunner.__doc__
 
-    _start_context = staticmethod(torch.multiprocessing.get_context)
+    @staticmethod
+    def _start_context(method: str) -> Any:
+        return torch.multiprocessing.get_context(method)
 
     def __init__(
         self,

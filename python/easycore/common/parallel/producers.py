@@ -1,0 +1,197 @@
+"""The producers of an active runner as the call sees them (:class:`WorkerSet`): local
+processes and their two queues (:class:`LocalWorkers`), or the Ray backend's actors; how they
+are stopped (goodbyes collected, then terminate, then kill) and how a death is described."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+from easycore._core import Queue
+from easycore.common.parallel import wire
+from easycore.common.parallel import worker as _worker
+from easycore.errors import (
+    QueueClosed,
+    QueueEmpty,
+    QueueFull,
+    WorkerDiedError,
+)
+
+INTERRUPT_GRACE_S = 2.0  # after an interrupt, time left for producer_end before a kill
+_STOP_POLL_S = 0.1  # seconds between looks at the producers while they stop
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(code).name
+    except ValueError:
+        return f"signal {code}"
+
+
+LIVE_WORKERS: set[WorkerSet] = set()  # not yet shut down; stopped at exit and on SIGTERM
+
+
+class WorkerSet:
+    """What a call needs of an active runner's producers (local processes, or the Ray
+    backend's actors), and the shutdown sequence they share. Subclasses set ``closed`` and
+    ``owner_pid``, add themselves to ``LIVE_WORKERS`` and implement ``_stop`` and
+    ``kill_now``."""
+
+    closed: bool
+    owner_pid: int
+
+    def mine(self) -> bool:
+        """Whether this process made the producers (a forked child must not touch them)."""
+        return os.getpid() == self.owner_pid
+
+    def kill_now(self) -> None:
+        """Kills every producer at once (second Ctrl-C, exit)."""
+        raise NotImplementedError
+
+    def _stop(self, timeout: float, interrupt: bool) -> None:
+        raise NotImplementedError
+
+    def shutdown(self, timeout: float = 10.0, interrupt: bool = False) -> None:
+        """Stops the producers (``producer_end`` runs), then kills what does not stop.
+
+        With ``interrupt``, producers busy in ``producer_work`` drop their work first and
+        ``producer_end`` gets at most a short grace. A KeyboardInterrupt while waiting kills
+        every producer at once and is re-raised: a second Ctrl-C always ends it.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        if not self.mine():
+            return
+        try:
+            self._stop(timeout, interrupt)
+        except BaseException:
+            self.kill_now()
+            raise
+        LIVE_WORKERS.discard(self)
+
+
+class LocalWorkers(WorkerSet):
+    """The processes and queues of an active runner; closes them without a runner reference
+    (so it can run from a finalizer, at exit or from a signal handler)."""
+
+    def __init__(
+        self, procs: list[Any], devices: list[str], in_q: Queue, out_q: Queue, state: Any
+    ) -> None:
+        self.procs = procs
+        self.devices = devices
+        self.in_q = in_q
+        self.out_q = out_q
+        self.state = state
+        self.view = memoryview(state).cast("B").cast("q")
+        self.closed = False
+        self.end_errors: list[dict[str, Any]] = []
+        self.owner_pid = os.getpid()
+        self.out_budget = out_q.ring_size  # bytes of results the output queue may hold
+        LIVE_WORKERS.add(self)
+
+    def dead(self) -> WorkerDiedError | None:
+        """An error describing the first producer that died, if any."""
+        for i, p in enumerate(self.procs):
+            if p.exitcode is not None or not p.is_alive():
+                code = p.exitcode
+                how = (
+                    f"killed by {_signal_name(-code)}"
+                    if code is not None and code < 0
+                    else f"exited with code {code}"
+                )
+                hint = " (out of memory?)" if code == -signal.SIGKILL else ""
+                return WorkerDiedError(
+                    f"producer {i} (device {self.devices[i]!r}, pid {p.pid}) died: {how}{hint}. "
+                    "The runner was closed; call activate() to restart it",
+                    pid=p.pid or 0,
+                    device=self.devices[i],
+                    exitcode=code,
+                )
+        return None
+
+    def drain_input(self) -> None:
+        """Discards work nobody has taken yet."""
+        try:
+            while True:
+                self.in_q.get_many(1024, block=False)
+        except (QueueEmpty, QueueClosed):
+            pass
+
+    def interrupt(self) -> None:
+        """Makes every producer drop the batch it is working on (SIGUSR1; a producer only
+        obeys it for calls below the ``abort_below`` word, set here past every call)."""
+        self.view[len(self.view) - 1] = 1 << 62
+        for p in self.procs:
+            if p.pid and p.exitcode is None:
+                try:
+                    os.kill(p.pid, _worker.INTERRUPT_SIGNAL)
+                except OSError:
+                    pass
+
+    def kill_now(self) -> None:
+        """Kills every producer and releases the queues at once (second Ctrl-C, exit)."""
+        if not self.mine():
+            return
+        self.closed = True
+        for p in self.procs:
+            if p.exitcode is None:
+                try:
+                    p.kill()
+                except (OSError, AttributeError):
+                    pass
+        self._release()
+        for p in self.procs:
+            try:
+                p.join(2.0)
+            except AssertionError:
+                pass
+        LIVE_WORKERS.discard(self)
+
+    def _release(self) -> None:
+        self.in_q.close()
+        self.out_q.close()
+        # Normally already unlinked once the producers attached; not after a failed start.
+        self.in_q.unlink()
+        self.out_q.unlink()
+
+    def _stop(self, timeout: float, interrupt: bool) -> None:
+        codec = wire.Codec()
+        self.drain_input()
+        alive = [p for p in self.procs if p.is_alive()]
+        for _ in alive:
+            try:
+                self.in_q.put(0, wire.STOP, [b""], timeout=1.0)
+            except (QueueFull, QueueClosed):
+                break
+        if interrupt:
+            self.interrupt()
+            timeout = min(timeout, INTERRUPT_GRACE_S)
+        deadline = time.monotonic() + timeout
+        byes = 0
+        while byes < len(alive) and time.monotonic() < deadline:
+            try:
+                msgs = self.out_q.get_many(256, timeout=_STOP_POLL_S)
+            except QueueEmpty:
+                if not any(p.is_alive() for p in self.procs):
+                    break
+                continue
+            except QueueClosed:
+                break
+            for _seq, kind, parts in msgs:
+                if wire.unpack_kind(kind)[0] == wire.BYE:
+                    byes += 1
+                    _, err = codec.loads(parts)
+                    if err is not None:
+                        self.end_errors.append(err)
+        self._release()
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+                p.join(2.0)
