@@ -112,7 +112,8 @@ class WorkerError(EasycoreError):
         self.item = item
         self.remote_traceback = remote_traceback
 
-    def __reduce__(self):  # keep the attributes when pickled across processes
+    # Keep the attributes when pickled across processes.
+    def __reduce__(self) -> tuple[type[WorkerError], tuple[Any, str, str | None, int | None, str]]:
         return (
             type(self),
             (self.args[0], self.hook, self.device, self.item, self.remote_traceback),

@@ -37,7 +37,7 @@ _TICK = 1.0
 """Seconds between liveness checks while blocked."""
 
 
-class AttrDict(dict):
+class AttrDict(dict[str, Any]):
     """A dict with attribute access: the cfg used when ``CfgNode`` is not importable."""
 
     def __getattr__(self, key: str) -> Any:
@@ -62,13 +62,16 @@ class AttrDict(dict):
 
 def make_cfg(cfg: Any = None) -> Any:
     """A fresh cfg: ``easycore.common.config.CfgNode`` when importable, else an AttrDict."""
+    cfg_type: type[dict[str, Any]]
     try:
-        from easycore.common.config import CfgNode  # type: ignore[attr-defined]
+        from easycore.common.config import CfgNode
+
+        cfg_type = CfgNode
     except ImportError:
-        CfgNode = AttrDict  # noqa: N806
+        cfg_type = AttrDict
     if cfg is None:
-        return CfgNode()
-    return cfg if isinstance(cfg, CfgNode) else CfgNode(cfg)
+        return cfg_type()
+    return cfg if isinstance(cfg, cfg_type) else cfg_type(cfg)
 
 
 def _copy_cfg(cfg: Any) -> Any:

@@ -37,11 +37,35 @@ import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, cast
 
 from easycore.bench import reference
 from easycore.bench.workloads import HOOKS, Workload, torch_available
 from easycore.parallel import context as pool_context
+
+
+class HookSet(Protocol):
+    """A class with the six static hooks (:class:`Job`'s ``hooks``), as
+    :class:`~easycore.common.parallel.hooks.RunnerHooks` has them; the results of the
+    ``*_init``, ``producer_end`` and ``consumer_work`` hooks are not used."""
+
+    @staticmethod
+    def producer_init(device: str, cfg: Any) -> object: ...
+
+    @staticmethod
+    def producer_work(device: str, cfg: Any, data: Any) -> Any: ...
+
+    @staticmethod
+    def producer_end(device: str, cfg: Any) -> object: ...
+
+    @staticmethod
+    def consumer_init(cfg: Any) -> object: ...
+
+    @staticmethod
+    def consumer_work(cfg: Any, data: Any) -> object: ...
+
+    @staticmethod
+    def consumer_end(cfg: Any) -> Any: ...
 
 
 @dataclass
@@ -59,7 +83,7 @@ class Job:
             subclasses easycore's runner).
     """
 
-    hooks: type
+    hooks: type[HookSet]
     ordered: bool
     devices: list[str]
     make_data: Callable[[int], Iterable[Any]]
@@ -105,7 +129,7 @@ class System:
         raise NotImplementedError
 
 
-def run_consumer(hooks: type, results: Iterable[Any]) -> Any:
+def run_consumer(hooks: type[HookSet], results: Iterable[Any]) -> Any:
     """The consumer hooks over ``results``, in the calling process (pool systems)."""
     cfg = reference.make_cfg()
     hooks.consumer_init(cfg)
@@ -135,7 +159,7 @@ def _path(obj: Any) -> str:
     return f"{obj.__module__}:{obj.__qualname__}"
 
 
-def rebase(hooks: type, base: type) -> type:
+def rebase(hooks: type[HookSet], base: type) -> type:
     """A subclass of runner class ``base`` with the six hooks of ``hooks``.
 
     The class is importable by name from this module (so runners that start producers with
@@ -261,7 +285,7 @@ class EasycoreNoReadAheadSystem(EasycoreImapSystem):
             runner.close()
 
 
-def _pipe_worker(conn: Any, hooks: type, device: str) -> None:
+def _pipe_worker(conn: Any, hooks: type[HookSet], device: str) -> None:
     """One worker on a Pipe: ``producer_work`` on each item received, until None."""
     cfg = reference.make_cfg()
     hooks.producer_init(device, cfg)
@@ -325,11 +349,11 @@ class ReferenceSystem(RunnerSystem):
 # pools
 
 
-_WORKER: tuple[type, str, Any] | None = None
+_WORKER: tuple[type[HookSet], str, Any] | None = None
 """``(hooks, device, cfg)`` of this pool worker process."""
 
 
-def _worker_init(hooks: type, devices: Any) -> None:
+def _worker_init(hooks: type[HookSet], devices: Any) -> None:
     """Pool initializer: takes a device, runs ``producer_init``, schedules ``producer_end``."""
     global _WORKER
     try:
@@ -444,8 +468,8 @@ class _HookDataset:
     the persistent loader's sampler hands out).
     """
 
-    def __init__(self, hooks: type, items: list[Any] | None, devices: list[str]) -> None:
-        self.hooks: Any = hooks
+    def __init__(self, hooks: type[HookSet], items: list[Any] | None, devices: list[str]) -> None:
+        self.hooks = hooks
         self.items = items
         self.devices = devices
         self.device = devices[0]
@@ -555,7 +579,7 @@ class DataLoaderPerCallSystem(DataLoaderSystem):
         yield call
 
 
-def _ec_pool_init(hooks: type) -> tuple[type, str, Any]:
+def _ec_pool_init(hooks: type[HookSet]) -> tuple[type[HookSet], str, Any]:
     """easycore Pool initializer: ``producer_init`` on this worker's device; the worker's
     context is ``(hooks, device, cfg)``."""
     from easycore.parallel import worker_info
@@ -837,7 +861,7 @@ def run_cell(
                 tick(elapsed)
             if recv.poll(min(0.5, max(0.0, timeout - elapsed))):
                 try:
-                    out = recv.recv()
+                    out: dict[str, Any] = recv.recv()
                 except EOFError:
                     proc.join()
                     return {
@@ -851,7 +875,7 @@ def run_cell(
                 else:
                     # workers the system left running in the group are stopped too
                     with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.killpg(proc.pid, signal.SIGKILL)
+                        os.killpg(cast(int, proc.pid), signal.SIGKILL)  # started: has a pid
                 return out
             if time.monotonic() - t0 >= timeout:
                 kill_group(proc)

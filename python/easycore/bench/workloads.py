@@ -36,8 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from easycore.common.parallel.hooks import HOOK_NAMES as HOOKS  # noqa: F401 - re-exported
-from easycore.common.parallel.hooks import RunnerHooks
+from easycore.common.parallel.hooks import HOOK_NAMES, RunnerHooks
+
+HOOKS = HOOK_NAMES
+"""The names of the six hooks (re-exported for the systems)."""
 
 PAGE = 4096
 HASH_MOD = (1 << 61) - 1

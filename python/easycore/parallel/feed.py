@@ -50,10 +50,15 @@ import itertools
 import operator
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
     from easycore.parallel.pool import Pool, _Job
+
+_WorkItem: TypeAlias = tuple[int, int, Any, Any, int]
+"""``(job, index, function, argument, mode)``: job 0 is a submitted task (index: its id)."""
+_WorkResult: TypeAlias = tuple[int, int, bool, Any]
+"""``(job, index, ok, value)``, what a producer returns for a work item."""
 
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of a work item
 _TICK = 0.1  # seconds between checks while the feed waits for work
@@ -74,7 +79,7 @@ class _Segment:
         self.index = index  # the job's input index of its first item
         self.n = n  # most items it may read
         # Emptied to cut the segment between two items (zip asks gate, then the input).
-        self.gate: list | None = [None] * n if job is not None else None
+        self.gate: list[None] | None = [None] * n if job is not None else None
         self.cut = False
 
 
@@ -154,7 +159,7 @@ class Feed:
                     continue
             return self._premade((job.jid, index, job.fn, items, job.mode))
 
-    def _premade(self, item: tuple) -> tuple:
+    def _premade(self, item: _WorkItem) -> tuple[_WorkItem]:
         self.segs.append(_Segment(self.pos))
         self.pos += 1
         return (item,)
@@ -188,7 +193,7 @@ class Feed:
         job.wake()
         self.pool._wake_feed()
 
-    def _choose(self) -> tuple[Any, int]:
+    def _choose(self) -> tuple[_Job | _WorkItem, int]:
         """A task item to send, or a job with room, and the pool's cut count when chosen;
         waits for either. StopIteration at the end."""
         pool = self.pool
@@ -225,14 +230,14 @@ class Feed:
 
     # ----- the engine's sender -----
 
-    def pack(self, items: list) -> list:
+    def pack(self, items: list[Any]) -> list[_WorkItem]:
         """A batch of raw items (the next ``len(items)`` of the stream) -> work items: one
         per run of a segment's items, and premade items as they are. (The engine counts the
         batch's raw items: its results stand for that many.)"""
         segs = self.segs
         pos = self.packed
         end = pos + len(items)
-        out: list = []
+        out: list[_WorkItem] = []
         i = 0
         while pos < end:
             seg = segs[0]

@@ -43,9 +43,9 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
 from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from easycore.common.parallel import engine, wire
 from easycore.common.parallel import worker as _worker
@@ -59,7 +59,11 @@ from easycore.errors import (
     SerializationError,
     WorkerDiedError,
 )
-from easycore.parallel.feed import _ONE, _STAR, _TASK, Feed
+from easycore.parallel.feed import _ONE, _STAR, _TASK, Feed, _WorkItem, _WorkResult
+
+_T = TypeVar("_T")
+_S = TypeVar("_S")
+_P = ParamSpec("_P")
 
 _TICK = 0.1  # seconds between checks while a thread waits
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
@@ -107,7 +111,7 @@ def _main_importable() -> bool:
     return getattr(main, "__file__", None) is not None
 
 
-def portable(fn: Callable, start_method: str = "spawn") -> Any:
+def portable(fn: Callable[..., Any], start_method: str = "spawn") -> Any:
     """``fn`` itself where plain pickle sends it by name, else ``fn`` pickled by value.
 
     Plain pickle is tried first (fast, and what a module-level function needs). Lambdas,
@@ -154,7 +158,7 @@ def portable(fn: Callable, start_method: str = "spawn") -> Any:
 _CONTEXT: Any = None
 _CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
 _IN_WORKER = False
-_INIT: tuple[Any, tuple] | None = None
+_INIT: tuple[Any, tuple[Any, ...]] | None = None
 
 
 def context() -> Any:
@@ -179,7 +183,7 @@ class _Setup:
     """Run first in each producer: the flavour's own setup (CUDA device, threads), then keeps
     the initializer for ``producer_init``, which reports its errors to the caller."""
 
-    def __init__(self, base: Any, initializer: Any, initargs: tuple, codec: Any) -> None:
+    def __init__(self, base: Any, initializer: Any, initargs: tuple[Any, ...], codec: Any) -> None:
         self.codec = codec
         self.base = base
         self.initializer = initializer
@@ -204,14 +208,15 @@ def _run_initializer(device: str, cfg: Any) -> None:
         _CONTEXT = init(*initargs)
 
 
-def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
-    """Runs one item: a chunk of a map job (``arg`` is a list of arguments) or a submitted
-    task. Returns ``(job, index, ok, value)``: for a chunk ``value`` is ``(results, seconds)``;
-    an exception is returned as a report (``ok`` False), not raised, so the stream goes on."""
-    if item is None:
+def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | None:
+    """Runs one work item (``data``): a chunk of a map job (``arg`` is a list of arguments)
+    or a submitted task. Returns ``(job, index, ok, value)``: for a chunk ``value`` is
+    ``(results, seconds)``; an exception is returned as a report (``ok`` False), not raised,
+    so the stream goes on."""
+    if data is None:
         return None  # a work item that could not be pickled (see _drop_unsendable)
-    job, index, fn, arg, mode = item
-    out: list = []
+    job, index, fn, arg, mode = data
+    out: list[Any] = []
     try:
         if mode == _TASK:
             f, args, kwargs = pickle.loads(arg)
@@ -242,12 +247,12 @@ def _run_item(device: str, cfg: Any, item: tuple) -> tuple:
         return job, index, False, report
 
 
-def _fix_unsendable(results: list, device: str) -> list:
+def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_WorkResult | None]:
     """The results of a batch did not pickle (see the worker's ``_dumps_fixed``): each chunk
     whose results do not pickle becomes an error report, so only its own call fails, not
     every call and future sharing the stream."""
     dumps = _CODEC[0].dumps
-    fixed: list = []
+    fixed: list[_WorkResult | None] = []
     for r in results:
         if r is None:
             fixed.append(r)
@@ -280,30 +285,41 @@ def _picklable(x: Any) -> bool:
 _run_item.fix_unsendable = _fix_unsendable  # type: ignore[attr-defined]
 
 
-class _TaskHooks:
+if TYPE_CHECKING:
+    # What the hooks are mixed into: a runner flavour (the engine's, or torch's), whose
+    # methods ``super()`` reaches.
+    _RunnerBase = engine.BaseRunner
+else:
+    _RunnerBase = object
+
+
+class _TaskHooks(_RunnerBase):
     """The hooks of the pool's internal runner (mixed into a runner flavour)."""
 
-    def __init__(self, devices: Any, setup: tuple[Any, tuple], **kwargs: Any) -> None:
+    def __init__(self, devices: Any, setup: tuple[Any, tuple[Any, ...]], **kwargs: Any) -> None:
         self._pool_init = setup
-        super().__init__(devices, **kwargs)  # type: ignore[call-arg]
+        super().__init__(devices, **kwargs)
 
     def _producer_setup(self, n_producers: int) -> _Setup:  # type: ignore[override]
-        base = super()._producer_setup(n_producers)  # type: ignore[misc]
-        return _Setup(base, *self._pool_init, self._codec())  # type: ignore[attr-defined]
+        base = super()._producer_setup(n_producers)
+        return _Setup(base, *self._pool_init, self._codec())
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
 
-    _pool: Any = None  # weakref.ref to the Pool, set by it
+    _pool: weakref.ref[Pool] | None = None  # set by the Pool
 
-    def _drop_unsendable(self, items: list, first: int, error: Exception) -> list:
+    def _drop_unsendable(
+        self, items: list[_WorkItem], first: int, error: Exception
+    ) -> list[_WorkItem | None]:
         """One item that cannot be pickled fails its own call, not the stream that every
         call and future of the pool shares: keeps the items that pickle."""
         pool = self._pool() if self._pool is not None else None
         if pool is None:
-            return super()._drop_unsendable(items, first, error)  # type: ignore[misc, no-any-return]
-        codec = self._codec()  # type: ignore[attr-defined]
-        kept = []
+            return super()._drop_unsendable(items, first, error)
+        codec = self._codec()
+        kept: list[_WorkItem | None] = []
+        item: _WorkItem | None
         for item in items:
             try:
                 codec.dumps(item)  # out-of-band buffers are not copied by this check
@@ -328,7 +344,7 @@ class _Job:
         self,
         jid: int,
         fn: Any,
-        iterable: Iterable,
+        iterable: Iterable[Any],
         mode: int,
         ordered: bool,
         window: int,
@@ -339,7 +355,7 @@ class _Job:
         self.fn = fn
         # A range/list/tuple is sliced in place; any other iterable is read item by item
         # (in chunks only if asked: filling a chunk would hold back items while next() waits).
-        self.seq = iterable if type(iterable) in _SEQUENCES else None
+        self.seq = cast("Sequence[Any]", iterable) if type(iterable) in _SEQUENCES else None
         self.it = None if self.seq is not None else iter(iterable)
         self.chunksize = chunksize
         self.mode = mode
@@ -349,7 +365,9 @@ class _Job:
         self.cv = threading.Condition(threading.Lock())
         # Lists of results not handed out yet: by input index of their first (ordered), or
         # in arrival order.
-        self.ready: dict[int, Any] | collections.deque = {} if ordered else collections.deque()
+        self.ready: dict[int, list[Any]] | collections.deque[list[Any]] = (
+            {} if ordered else collections.deque()
+        )
         self.next_index = 0  # ordered: the next index to hand out
         self.pulled = 0  # items read from the input (by the feed)
         self.consumed = 0  # results handed to the caller
@@ -385,7 +403,7 @@ class _Job:
                     self.error = worker_error(value)
                     self.error_at = index if self.ordered else 0
             elif self.ordered:
-                self.ready[index] = value  # type: ignore[index]
+                self.ready[index] = value
             else:
                 self.ready.append(value)  # type: ignore[union-attr]
             if self.waiting:
@@ -404,7 +422,7 @@ class _Job:
             self.cv.notify_all()
 
 
-_LIVE_POOLS: weakref.WeakSet = weakref.WeakSet()
+_LIVE_POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()
 
 
 @atexit.register
@@ -431,7 +449,7 @@ def _for_pool(e: BaseException) -> BaseException:
 
 
 def _async_result(
-    fut: Future,
+    fut: Future[_T],
     callback: Callable[[Any], Any] | None,
     error_callback: Callable[[BaseException], Any] | None,
 ) -> AsyncResult:
@@ -439,7 +457,7 @@ def _async_result(
     it is done."""
     if callback is not None or error_callback is not None:
 
-        def done(f: Future) -> None:
+        def done(f: Future[_T]) -> None:
             if f.cancelled():
                 return
             exc = f.exception()
@@ -460,7 +478,7 @@ class AsyncResult:
         future (concurrent.futures.Future): the future of the task.
     """
 
-    def __init__(self, future: Future) -> None:
+    def __init__(self, future: Future[Any]) -> None:
         self.future = future
 
     def get(self, timeout: float | None = None) -> Any:
@@ -522,12 +540,12 @@ class Pool:
             worker per CPU of the cluster). See docs/ray.md.
     """
 
-    _runner_cls: type = _TaskRunner
+    _runner_cls: type[_TaskHooks] = _TaskRunner
 
     def __init__(
         self,
         processes: int | Iterable[str] | None = None,
-        initializer: Callable | None = None,
+        initializer: Callable[..., Any] | None = None,
         initargs: Iterable[Any] = (),
         *,
         start_method: str | None = None,
@@ -552,8 +570,9 @@ class Pool:
         how = "ray" if remote else start_method or "spawn"
         init = None if initializer is None else portable(initializer, how)
         self._cv = threading.Condition(threading.Lock())
-        self._tasks: collections.deque = collections.deque()  # (future, task id, pickle)
-        self._running: dict[int, Future] = {}  # sent tasks by id
+        # (future, task id, pickle)
+        self._tasks: collections.deque[tuple[Future[Any], int, bytes]] = collections.deque()
+        self._running: dict[int, Future[Any]] = {}  # sent tasks by id
         self._jobs: dict[int, _Job] = {}  # open map/imap calls by id
         self._ids = itertools.count(1)
         self._turn = 0
@@ -656,17 +675,17 @@ class Pool:
             try:
                 runner._shutdown(interrupt=self._terminated)
             except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
-                self._end_error = e
+                self._end_error: BaseException | None = e
             self._fail_pending(RunnerClosedError("the pool was closed"))
 
-    def _route(self, results: list) -> None:
+    def _route(self, results: list[_WorkResult | None]) -> None:
         """Hands one message's results to their futures and jobs. Consecutive chunks of one
         job are merged and delivered together (one lock and one wake-up per message, not per
         item: an iterator input travels item by item)."""
         jobs = self._jobs
         run_jid = 0  # the job whose chunks are being merged (0: none)
         run_start = 0
-        run: list = []
+        run: list[Any] = []
         seconds = 0.0
         count = 0
         for jid, index, ok, value in filter(None, results):  # None: an item never sent
@@ -705,7 +724,7 @@ class Pool:
         the engine sizes its batches of single values by it."""
         return self._item_cost
 
-    def _unsendable(self, item: tuple, error: Exception) -> None:
+    def _unsendable(self, item: _WorkItem, error: Exception) -> None:
         """Fails the call whose input chunk ``item`` could not be pickled."""
         jid, index, _fn, arg, _mode = item
         job = self._jobs.get(jid)
@@ -812,7 +831,12 @@ class Pool:
     # ----- map family -----
 
     def _open_job(
-        self, fn: Callable, iterable: Iterable, mode: int, ordered: bool, chunksize: int | None
+        self,
+        fn: Callable[..., Any],
+        iterable: Iterable[Any],
+        mode: int,
+        ordered: bool,
+        chunksize: int | None,
     ) -> _Job:
         self._check_open()
         if chunksize is not None and not (isinstance(chunksize, int) and chunksize >= 1):
@@ -860,21 +884,22 @@ class Pool:
                             raise job.error
                         if self._terminated:
                             raise RunnerClosedError("the pool was terminated")
-                        ready = job.ready
                         n = 0  # results in got (a list of lists: none is copied)
                         if job.ordered:
+                            by_index = cast("dict[int, list[Any]]", job.ready)  # ordered: a dict
                             got = []
                             i = job.next_index
                             stop = job.error_at if job.error is not None else -1
-                            while i in ready and i != stop:
-                                chunk = ready.pop(i)  # type: ignore[call-overload]
+                            while i in by_index and i != stop:
+                                chunk = by_index.pop(i)
                                 got.append(chunk)
                                 i += len(chunk)
                             n = i - job.next_index
                             job.next_index = i
                         else:
-                            got = list(ready)
-                            ready.clear()
+                            arrived = cast("collections.deque[list[Any]]", job.ready)
+                            got = list(arrived)
+                            arrived.clear()
                             for chunk in got:
                                 n += len(chunk)
                         if n:
@@ -910,13 +935,13 @@ class Pool:
 
     def imap(
         self,
-        func: Callable,
-        iterable: Iterable[Any],
+        func: Callable[[_S], _T],
+        iterable: Iterable[_S],
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
         progress: bool = False,
-    ) -> Iterator[Any]:
+    ) -> Iterator[_T]:
         """Lazily yields ``func(x)`` for each ``x`` of ``iterable``, in input order.
 
         The input is read lazily (in the pool's input thread), at most ``window`` items ahead
@@ -942,13 +967,13 @@ class Pool:
 
     def imap_unordered(
         self,
-        func: Callable,
-        iterable: Iterable[Any],
+        func: Callable[[_S], _T],
+        iterable: Iterable[_S],
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
         progress: bool = False,
-    ) -> Iterator[Any]:
+    ) -> Iterator[_T]:
         """As :meth:`imap`, but yields results as they arrive.
 
         Args:
@@ -967,14 +992,14 @@ class Pool:
 
     def istarmap(
         self,
-        func: Callable,
+        func: Callable[..., _T],
         iterable: Iterable[Iterable[Any]],
         chunksize: int | None = None,
         *,
         ordered: bool = True,
         timeout: float | None = None,
         progress: bool = False,
-    ) -> Iterator[Any]:
+    ) -> Iterator[_T]:
         """Lazily yields ``func(*args)`` for each ``args`` of ``iterable``.
 
         Args:
@@ -994,13 +1019,13 @@ class Pool:
 
     def map(
         self,
-        func: Callable,
-        iterable: Iterable[Any],
+        func: Callable[[_S], _T],
+        iterable: Iterable[_S],
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
         progress: bool = False,
-    ) -> list[Any]:
+    ) -> list[_T]:
         """``[func(x) for x in iterable]``, computed by the workers.
 
         Args:
@@ -1017,13 +1042,13 @@ class Pool:
 
     def starmap(
         self,
-        func: Callable,
+        func: Callable[..., _T],
         iterable: Iterable[Iterable[Any]],
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
         progress: bool = False,
-    ) -> list[Any]:
+    ) -> list[_T]:
         """``[func(*args) for args in iterable]``, computed by the workers.
 
         Args:
@@ -1040,7 +1065,7 @@ class Pool:
 
     # ----- single tasks -----
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         """Schedules ``fn(*args, **kwargs)``; safe to call from several threads at once.
 
         The function and arguments are pickled here (an unpicklable one raises at once).
@@ -1067,7 +1092,7 @@ class Pool:
                 f"the arguments of {getattr(fn, '__qualname__', fn)!r} cannot be sent to the "
                 f"workers: {type(e).__name__}: {e}"
             ) from e
-        fut: Future = Future()
+        fut: Future[_T] = Future()
         with self._cv:
             self._check_open()
             self._tasks.append((fut, next(self._ids), blob))
@@ -1077,7 +1102,7 @@ class Pool:
 
     def apply_async(
         self,
-        func: Callable,
+        func: Callable[..., Any],
         args: Iterable[Any] = (),
         kwds: dict[str, Any] | None = None,
         callback: Callable[[Any], Any] | None = None,
@@ -1101,10 +1126,10 @@ class Pool:
 
     def map_async(
         self,
-        func: Callable,
-        iterable: Iterable[Any],
+        func: Callable[[_S], _T],
+        iterable: Iterable[_S],
         chunksize: int | None = None,
-        callback: Callable[[list], Any] | None = None,
+        callback: Callable[[list[_T]], Any] | None = None,
         error_callback: Callable[[BaseException], Any] | None = None,
     ) -> AsyncResult:
         """``multiprocessing.Pool.map_async``: :meth:`map` without waiting for it.
@@ -1126,10 +1151,10 @@ class Pool:
 
     def starmap_async(
         self,
-        func: Callable,
+        func: Callable[..., _T],
         iterable: Iterable[Iterable[Any]],
         chunksize: int | None = None,
-        callback: Callable[[list], Any] | None = None,
+        callback: Callable[[list[_T]], Any] | None = None,
         error_callback: Callable[[BaseException], Any] | None = None,
     ) -> AsyncResult:
         """``multiprocessing.Pool.starmap_async``: :meth:`starmap` without waiting for it.
@@ -1150,10 +1175,10 @@ class Pool:
     def _collect(
         self,
         job: _Job,
-        callback: Callable[[list], Any] | None,
+        callback: Callable[[list[Any]], Any] | None,
         error_callback: Callable[[BaseException], Any] | None,
     ) -> AsyncResult:
-        fut: Future = Future()
+        fut: Future[list[Any]] = Future()
         fut.set_running_or_notify_cancel()
         result = _async_result(fut, callback, error_callback)
 
@@ -1169,8 +1194,8 @@ class Pool:
         return result
 
     def apply(
-        self, func: Callable, args: Iterable[Any] = (), kwds: dict[str, Any] | None = None
-    ) -> Any:
+        self, func: Callable[..., _T], args: Iterable[Any] = (), kwds: dict[str, Any] | None = None
+    ) -> _T:
         """``func(*args, **kwds)`` run by a worker; waits for the result.
 
         Args:
@@ -1258,18 +1283,18 @@ class PoolExecutor(Executor):
         **kwargs: the other keyword arguments of :class:`Pool`.
     """
 
-    _pool_cls: type = Pool
+    _pool_cls: type[Pool] = Pool
 
     def __init__(
         self,
         max_workers: int | Iterable[str] | None = None,
-        initializer: Callable | None = None,
+        initializer: Callable[..., Any] | None = None,
         initargs: Iterable[Any] = (),
         **kwargs: Any,
     ) -> None:
         self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
 
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> Future:
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         """Schedules ``fn(*args, **kwargs)`` (see :meth:`Pool.submit`).
 
         Returns:
@@ -1282,12 +1307,12 @@ class PoolExecutor(Executor):
 
     def map(
         self,
-        fn: Callable,
+        fn: Callable[..., _T],
         *iterables: Iterable[Any],
         timeout: float | None = None,
         chunksize: int = 1,
         buffersize: int | None = None,
-    ) -> Iterator[Any]:
+    ) -> Iterator[_T]:
         """``Executor.map``: lazily yields ``fn(*args)`` for the zipped ``iterables``, in order.
 
         Unlike ``ProcessPoolExecutor.map``, the input is read lazily (bounded in flight).

@@ -205,7 +205,9 @@ def _nested_base(node: Mapping[str, Any], prefix: str) -> str:
     return ""
 
 
-def _difference(cfg: Mapping[str, Any], base: Mapping[str, Any], prefix: str, missing: list[str]):
+def _difference(
+    cfg: Mapping[str, Any], base: Mapping[str, Any], prefix: str, missing: list[str]
+) -> dict[str, Any]:
     """The part of ``cfg`` that a file based on ``base`` must hold; keys of ``base`` that
     ``cfg`` lacks are added to ``missing``."""
     missing.extend(f"{prefix}.{k}" if prefix else k for k in base if k not in cfg and k != BASE_KEY)

@@ -11,7 +11,7 @@ import os
 import pprint
 import types
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from easycore.common.config.errors import (
     ConfigAttributeError,
@@ -71,7 +71,9 @@ class _HybridMethod:
 
     def __init__(self, func: Callable[..., Any]) -> None:
         self.func = func
-        functools.update_wrapper(self, func)
+        # The stub wants a callable to copy the name and docstring onto; a descriptor takes
+        # them just as well.
+        functools.update_wrapper(self, func)  # type: ignore[arg-type]
 
     def __get__(self, obj: Any, objtype: type | None = None) -> Callable[..., Any]:
         if obj is None:
@@ -79,7 +81,7 @@ class _HybridMethod:
         return functools.partial(self.func, type(obj), obj)
 
 
-class CfgNode(dict):
+class CfgNode(dict[str, Any]):
     """Config Node.
 
     A ``dict`` whose keys are also attributes (``cfg.MODEL.NUM_CLASSES``). Nested dicts become
@@ -125,7 +127,7 @@ class CfgNode(dict):
         state[_PATH] = path
 
     def _path(self) -> str:
-        return self.__dict__.get(_PATH, "")
+        return cast(str, self.__dict__.get(_PATH, ""))
 
     def _full(self, key: Any) -> str:
         return _join(self._path(), key)
@@ -292,7 +294,10 @@ class CfgNode(dict):
         for key, value in items.items():
             self._attach(key, self._as_value(key, value))
 
-    def __ior__(self, other: Any) -> CfgNode:
+    # ``|=`` updates in place and returns this node, while ``|`` is dict's and returns a plain
+    # dict; mypy wants ``__ior__`` to return what ``__or__`` does (typeshed's own dict.__ior__
+    # needed an ignore for this too).
+    def __ior__(self, other: Any) -> CfgNode:  # type: ignore[override, misc]
         self.update(other)
         return self
 

@@ -25,8 +25,8 @@ Loading refuses, with an :class:`InvalidConfigError` naming the source and line:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import IO, Any
+from collections.abc import Hashable, Mapping
+from typing import IO, TYPE_CHECKING, Any, overload
 
 import yaml
 
@@ -157,7 +157,15 @@ def _unbalanced(node: yaml.Node) -> bool:
     )
 
 
-class _CfgConstructorMixin:
+if TYPE_CHECKING:
+    # What the mixin is mixed into: both loaders below are SafeLoaders to the stubs' eyes (the
+    # unsafe one's constructor derives from SafeConstructor), and ``super()`` reaches them.
+    _ConstructorBase = yaml.SafeLoader
+else:
+    _ConstructorBase = object
+
+
+class _CfgConstructorMixin(_ConstructorBase):
     """Literal evaluation of plain scalars, keys excepted, and safe ``!!python/tuple``."""
 
     def construct_document(self, node: yaml.Node) -> Any:
@@ -172,13 +180,15 @@ class _CfgConstructorMixin:
                 raise
             raise _NodeError(node, e) from e
 
-    def construct_sequence(self, node: yaml.Node, deep: bool = False) -> list:
+    def construct_sequence(self, node: yaml.Node, deep: bool = False) -> list[Any]:
         if isinstance(node, yaml.SequenceNode) and node.flow_style:
             if any(_unbalanced(item) for item in node.value):
                 return self._flow_literal(node)
-        return super().construct_sequence(node, deep=deep)
+        # The stub asks for a SequenceNode, but a mistagged value (``!!seq {a: 1}``) brings any
+        # node here, and pyyaml's own check turns that into a ConstructorError.
+        return super().construct_sequence(node, deep=deep)  # type: ignore[arg-type]
 
-    def _flow_literal(self, node: yaml.SequenceNode) -> list:
+    def _flow_literal(self, node: yaml.SequenceNode) -> list[Any]:
         """``[(224, 224), (320, 320)]``: YAML splits the tuples at their commas; read the
         text of the whole flow list as the Python literal it is."""
         start, end = node.start_mark, node.end_mark
@@ -196,7 +206,7 @@ class _CfgConstructorMixin:
             )
         return value
 
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict:
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Hashable, Any]:
         if isinstance(node, yaml.MappingNode):
             if node.flow_style and any(_unbalanced(n) for pair in node.value for n in pair):
                 raise yaml.constructor.ConstructorError(
@@ -209,7 +219,8 @@ class _CfgConstructorMixin:
             self.flatten_mapping(node)  # resolve "<<" merge keys before noting the key nodes
             keys = self.__dict__.setdefault("_cfg_key_nodes", set())
             keys.update(id(key_node) for key_node, _ in node.value)
-        return super().construct_mapping(node, deep=deep)
+        # As in construct_sequence: any node can come (``!!map [1]``), and pyyaml refuses it.
+        return super().construct_mapping(node, deep=deep)  # type: ignore[arg-type]
 
     def construct_cfg_str(self, node: yaml.ScalarNode) -> Any:
         text = self.construct_scalar(node)
@@ -219,7 +230,7 @@ class _CfgConstructorMixin:
                 return value
         return text
 
-    def construct_cfg_tuple(self, node: yaml.SequenceNode) -> tuple:
+    def construct_cfg_tuple(self, node: yaml.SequenceNode) -> tuple[Any, ...]:
         return tuple(self.construct_sequence(node, deep=True))
 
 
@@ -247,7 +258,7 @@ def _represent_str(dumper: CfgDumper, data: str) -> yaml.Node:
     return dumper.represent_str(data)
 
 
-def _represent_tuple(dumper: CfgDumper, data: tuple) -> yaml.Node:
+def _represent_tuple(dumper: CfgDumper, data: tuple[Any, ...]) -> yaml.Node:
     text = repr(data)
     value = parse_literal(text)
     if (
@@ -262,7 +273,7 @@ def _represent_tuple(dumper: CfgDumper, data: tuple) -> yaml.Node:
     return dumper.represent_sequence(_TUPLE_TAG, list(data))
 
 
-def _represent_mapping(dumper: CfgDumper, data: Mapping) -> yaml.Node:
+def _represent_mapping(dumper: CfgDumper, data: Mapping[Any, Any]) -> yaml.Node:
     return dumper.represent_dict(dict(data))
 
 
@@ -281,7 +292,7 @@ def register_mapping_type(cls: type) -> None:
     CfgDumper.add_multi_representer(cls, _represent_mapping)
 
 
-def _read(text: str | bytes | IO, source: str) -> str:
+def _read(text: str | bytes | IO[str] | IO[bytes], source: str) -> str:
     """The whole YAML text as a str (marks then point into it, for error lines)."""
     if not isinstance(text, str | bytes):
         text = text.read()
@@ -295,7 +306,9 @@ def _read(text: str | bytes | IO, source: str) -> str:
     return text
 
 
-def load_yaml(text: str | bytes | IO, unsafe: bool = False, source: str = "<string>") -> Any:
+def load_yaml(
+    text: str | bytes | IO[str] | IO[bytes], unsafe: bool = False, source: str = "<string>"
+) -> Any:
     """Parse one YAML document with the config loaders.
 
     Args:
@@ -368,7 +381,17 @@ def _marked_error(exc: yaml.MarkedYAMLError, source: str) -> InvalidYAMLError:
     return InvalidYAMLError(message)
 
 
-def dump_yaml(data: Any, stream: IO | None = None, encoding: str | None = None, **kwargs: Any):
+@overload
+def dump_yaml(data: Any, stream: None = None, encoding: None = None, **kwargs: Any) -> str: ...
+@overload
+def dump_yaml(data: Any, stream: None, encoding: str, **kwargs: Any) -> bytes: ...
+@overload
+def dump_yaml(data: Any, stream: None = None, *, encoding: str, **kwargs: Any) -> bytes: ...
+@overload
+def dump_yaml(data: Any, stream: IO[Any], encoding: str | None = None, **kwargs: Any) -> None: ...
+def dump_yaml(
+    data: Any, stream: IO[Any] | None = None, encoding: str | None = None, **kwargs: Any
+) -> str | bytes | None:
     """Write ``data`` as YAML with :class:`CfgDumper`.
 
     Args:

@@ -50,7 +50,7 @@ def _open_part(parent: str, base: str) -> tuple[str, BinaryIO]:
 
 def create_once(
     dst: str | os.PathLike[str],
-    write: Callable[[BinaryIO], None],
+    write: Callable[[BinaryIO], object],
     overwrite: bool = False,
     lock_timeout: float | None = None,
     lock_path: str | os.PathLike[str] | None = None,
@@ -116,7 +116,9 @@ def create_once(
     return dst
 
 
-def _write_atomically(dst: str, parent: str, base: str, write: Callable[[BinaryIO], None]) -> None:
+def _write_atomically(
+    dst: str, parent: str, base: str, write: Callable[[BinaryIO], object]
+) -> None:
     """Write ``dst`` through a temporary file in ``parent``; the caller holds the lock."""
     if os.path.isdir(parent):
         pattern = os.path.join(glob.escape(parent), f".{glob.escape(base)}.*.part")

@@ -15,7 +15,7 @@ import re
 import shutil
 from collections.abc import Sequence
 from types import ModuleType
-from typing import IO, Any
+from typing import IO, Any, cast
 
 from easycore.common.path.atomic import create_once
 from easycore.common.path.cache import LOCK_AREA, cache_file_path, lock_file_path
@@ -34,7 +34,7 @@ def _fsspec() -> ModuleType | None:
         import fsspec
     except ImportError:
         return None
-    return fsspec
+    return cast(ModuleType, fsspec)  # untyped (ignore_missing_imports): Any to mypy
 
 
 class FsspecPathHandler(PathHandler):
@@ -115,7 +115,7 @@ class FsspecPathHandler(PathHandler):
             IO: a file-like object.
         """
         fs, inner = self._resolve(path)
-        return fs.open(inner, mode, **kwargs)
+        return cast(IO[Any], fs.open(inner, mode, **kwargs))
 
     def exists(self, path: str) -> bool:
         """Checks if there is a resource at the given URI.
