@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import pytest
 from easycore.parallel.feed import _ONE, _TASK, Feed
-from easycore.parallel.pool import _Job
+from easycore.parallel.job import _Job
 
 
 def fn(x):

@@ -15,7 +15,8 @@ For users of ``multiprocessing.Pool``, ``concurrent.futures``, mpire or machin (
 
 from easycore.common.parallel.worker import WorkerInfo, worker_info
 from easycore.parallel.objqueue import Queue
-from easycore.parallel.pool import AsyncResult, Pool, PoolExecutor, context
+from easycore.parallel.pool import AsyncResult, Pool, PoolExecutor
+from easycore.parallel.tasks import context
 
 __all__ = [
     "AsyncResult",

@@ -1,7 +1,7 @@
 """The pool's input: the iterable that the pool's one streaming runner call reads.
 
 The feed takes queued ``submit`` tasks first, then the open ``map``/``imap`` jobs in turn, each
-at most its room ahead of what its caller consumed (see ``pool.py``). What it hands the
+at most its room ahead of what its caller consumed (see ``job.py``). What it hands the
 engine are *work items* ``(job, index, function, argument, mode)``; a producer returns
 ``(job, index, ok, value)`` for each.
 
@@ -53,7 +53,8 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 if TYPE_CHECKING:
-    from easycore.parallel.pool import Pool, _Job
+    from easycore.parallel.job import _Job
+    from easycore.parallel.pool import Pool
 
 _WorkItem: TypeAlias = tuple[int, int, Any, Any, int]
 """``(job, index, function, argument, mode)``: job 0 is a submitted task (index: its id)."""

@@ -4,8 +4,8 @@
 ``imap``, ``imap_unordered``, ``starmap``, ``submit`` → ``Future``, ``apply_async``) on the
 same producers, Rust shared-memory queues, adaptive batching, devices, seeds and failure
 semantics as :mod:`easycore.common.parallel`. There is one dispatcher, the runners': the pool
-owns an internal runner whose ``producer_work`` calls the shipped function, and keeps one
-streaming call of it open while the pool lives.
+owns an internal runner whose ``producer_work`` calls the shipped function (``tasks.py``),
+and keeps one streaming call of it open while the pool lives.
 
 How work travels::
 
@@ -26,7 +26,8 @@ How work travels::
   future while the stream goes on.
 * A function that plain pickle sends by name travels so; others (lambdas, closures, functions
   of an interactive ``__main__``) travel by value with cloudpickle, which each producer
-  unpickles once and caches. Within one batch a function is pickled once (pickle's memo).
+  unpickles once and caches (``functions.py``). Within one batch a function is pickled once
+  (pickle's memo).
 * If the stream fails (a producer died, an item or result could not be pickled), every pending
   job and future fails with that error, and the pool restarts its producers at its next task.
 """
@@ -35,23 +36,19 @@ from __future__ import annotations
 
 import atexit
 import collections
-import hashlib
 import itertools
 import os
 import pickle
-import sys
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
-from easycore.common.parallel import engine, wire
-from easycore.common.parallel import worker as _worker
+from easycore.common.parallel import wire
 from easycore.common.parallel.call import Call
 from easycore.common.parallel.remote_errors import worker_error
-from easycore.common.parallel.worker import error_report
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -59,7 +56,10 @@ from easycore.errors import (
     SerializationError,
     WorkerDiedError,
 )
-from easycore.parallel.feed import _ONE, _STAR, _TASK, Feed, _WorkItem, _WorkResult
+from easycore.parallel.feed import _ONE, _STAR, Feed, _WorkItem, _WorkResult
+from easycore.parallel.functions import portable
+from easycore.parallel.job import _Job
+from easycore.parallel.tasks import _TaskHooks, _TaskRunner
 
 _T = TypeVar("_T")
 _S = TypeVar("_S")
@@ -67,7 +67,6 @@ _P = ParamSpec("_P")
 
 _TICK = 0.1  # seconds between checks while a thread waits
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
-_SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 # The pool's default ``window`` (items in flight in its stream, and a job's read ahead):
 # large, so that tiny items travel in batches of thousands (an engine batch is at most a
 # quarter of the window per worker). The engine bounds items in flight by bytes too, input
@@ -75,351 +74,7 @@ _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 # held to a few.
 _WINDOW = 65536
 
-# ----- functions across processes -----
-
-_BY_VALUE_CACHE: dict[bytes, Any] = {}  # in producers: functions sent by value, by digest
-_BY_VALUE_CACHE_MAX = 256
-
-
-def _load_by_value(key: bytes, blob: bytes) -> Any:
-    """Unpickles a function sent by value, once per producer (cached by digest)."""
-    fn = _BY_VALUE_CACHE.get(key)
-    if fn is None:
-        fn = pickle.loads(blob)
-        if len(_BY_VALUE_CACHE) >= _BY_VALUE_CACHE_MAX:
-            _BY_VALUE_CACHE.clear()
-        _BY_VALUE_CACHE[key] = fn
-    return fn
-
-
-class _ByValue:
-    """A function pickled by value with cloudpickle, once in the caller."""
-
-    __slots__ = ("blob", "key")
-
-    def __init__(self, blob: bytes) -> None:
-        self.blob = blob
-        self.key = hashlib.blake2b(blob, digest_size=16).digest()
-
-    def __reduce__(self) -> tuple[Any, tuple[bytes, bytes]]:
-        return (_load_by_value, (self.key, self.blob))
-
-
-def _main_importable() -> bool:
-    """Whether a spawned child can import ``__main__`` (a script, not a REPL or notebook)."""
-    main = sys.modules.get("__main__")
-    return getattr(main, "__file__", None) is not None
-
-
-def portable(fn: Callable[..., Any], start_method: str = "spawn") -> Any:
-    """``fn`` itself where plain pickle sends it by name, else ``fn`` pickled by value.
-
-    Plain pickle is tried first (fast, and what a module-level function needs). Lambdas,
-    closures, functions defined inside functions, and functions of a ``__main__`` that a
-    spawned child cannot import (a REPL, a notebook) go by value with cloudpickle.
-
-    Args:
-        fn (Callable): the function to send to the workers.
-        start_method (str): how the workers start (under fork, ``__main__`` is inherited;
-            ``"ray"``: Ray actors, which never can import the caller's ``__main__``).
-
-    Returns:
-        Any: a picklable object that unpickles to ``fn`` in a worker.
-
-    Raises:
-        SerializationError: if neither pickle nor cloudpickle can send ``fn``.
-    """
-    if not callable(fn):
-        raise InvalidArgument(f"expected a callable, got {type(fn).__name__}")
-    by_name = not (
-        getattr(fn, "__module__", None) == "__main__"
-        and start_method != "fork"
-        and (start_method == "ray" or not _main_importable())
-    )
-    if by_name:
-        try:
-            pickle.dumps(fn, protocol=5)
-            return fn
-        except Exception:  # noqa: BLE001, S110 - falls back to cloudpickle below
-            pass
-    import cloudpickle
-
-    try:
-        return _ByValue(cloudpickle.dumps(fn, protocol=5))
-    except Exception as e:
-        raise SerializationError(
-            f"the function {fn!r} cannot be sent to the workers, neither by name (pickle) nor "
-            f"by value (cloudpickle): {type(e).__name__}: {e}"
-        ) from e
-
-
-# ----- in the producers -----
-
-_CONTEXT: Any = None
-_CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
-_IN_WORKER = False
-_INIT: tuple[Any, tuple[Any, ...]] | None = None
-
-
-def context() -> Any:
-    """The value the pool's ``initializer`` returned in this worker process.
-
-    Call it from a task (a function given to ``map``, ``submit``…) to reach per-worker state
-    built once, such as a model or an open connection; :func:`worker_info` says which worker
-    and device run the task.
-
-    Returns:
-        Any: what ``initializer(*initargs)`` returned in this worker (None without one).
-
-    Raises:
-        RuntimeError: outside a pool's worker process.
-    """
-    if not _IN_WORKER:
-        raise RuntimeError("context() is only available in a pool's worker process (in a task)")
-    return _CONTEXT
-
-
-class _Setup:
-    """Run first in each producer: the flavour's own setup (CUDA device, threads), then keeps
-    the initializer for ``producer_init``, which reports its errors to the caller."""
-
-    def __init__(self, base: Any, initializer: Any, initargs: tuple[Any, ...], codec: Any) -> None:
-        self.codec = codec
-        self.base = base
-        self.initializer = initializer
-        self.initargs = initargs
-
-    def __call__(self, device: str) -> None:
-        global _IN_WORKER, _INIT
-        if self.base is not None:
-            self.base(device)
-        _IN_WORKER = True
-        _CODEC[0] = self.codec
-        init = self.initializer
-        if isinstance(init, _ByValue):  # not pickled on the way (fork)
-            init = _load_by_value(init.key, init.blob)
-        _INIT = (init, self.initargs)
-
-
-def _run_initializer(device: str, cfg: Any) -> None:
-    global _CONTEXT
-    if _INIT is not None and _INIT[0] is not None:
-        init, initargs = _INIT
-        _CONTEXT = init(*initargs)
-
-
-def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | None:
-    """Runs one work item (``data``): a chunk of a map job (``arg`` is a list of arguments)
-    or a submitted task. Returns ``(job, index, ok, value)``: for a chunk ``value`` is
-    ``(results, seconds)``; an exception is returned as a report (``ok`` False), not raised,
-    so the stream goes on."""
-    if data is None:
-        return None  # a work item that could not be pickled (see _drop_unsendable)
-    job, index, fn, arg, mode = data
-    out: list[Any] = []
-    try:
-        if mode == _TASK:
-            f, args, kwargs = pickle.loads(arg)
-            value = f(*args, **kwargs)
-            try:
-                # The result must travel: find out here, for this future only (buffers are
-                # not copied by this check; a bad result would otherwise end the stream).
-                _CODEC[0].dumps(value)
-            except Exception as e:  # noqa: BLE001 - reported as this task's error
-                what = wire.describe_unpicklable(value)
-                err = error_report("task", device, None, e, "pickle_result")
-                err["message"] = f"the result is not picklable: {what}"
-                return job, index, False, err
-            return job, index, True, value
-        t0 = time.perf_counter()
-        # list.extend appends each result as it comes: if fn raises, out holds the results
-        # before the failing item (reported as "partial", and its index is index + len(out)).
-        # No Python frame per item: about 25 ns an item less than a loop with append.
-        out.extend(map(fn, arg) if mode == _ONE else itertools.starmap(fn, arg))
-        return job, index, True, (out, time.perf_counter() - t0)
-    except _worker._Interrupted:
-        raise
-    except BaseException as e:  # noqa: BLE001 - sent to the caller, raised there
-        where = index + len(out) if mode != _TASK else None
-        report = error_report("task", device, where, e, "hook")
-        if out:
-            report["partial"] = out  # the chunk's results before the failing item
-        return job, index, False, report
-
-
-def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_WorkResult | None]:
-    """The results of a batch did not pickle (see the worker's ``_dumps_fixed``): each chunk
-    whose results do not pickle becomes an error report, so only its own call fails, not
-    every call and future sharing the stream."""
-    dumps = _CODEC[0].dumps
-    fixed: list[_WorkResult | None] = []
-    for r in results:
-        if r is None:
-            fixed.append(r)
-            continue
-        job, index, ok, value = r
-        if ok:
-            try:
-                dumps(value)
-            except Exception as e:  # noqa: BLE001 - reported to the chunk's call
-                out = value[0] if job else [value]
-                k = next((i for i, x in enumerate(out) if not _picklable(x)), 0)
-                err = error_report("task", device, index + k if job else None, e, "pickle_result")
-                what = wire.describe_unpicklable(out[k : k + 1])
-                err["message"] = f"the result is not picklable: {what}"
-                r = (job, index, False, err)
-        elif "partial" in value and not _picklable(value["partial"]):
-            del value["partial"]  # the call's error is then raised at its chunk's start
-        fixed.append(r)
-    return fixed
-
-
-def _picklable(x: Any) -> bool:
-    try:
-        _CODEC[0].dumps(x)
-    except Exception:  # noqa: BLE001 - any failure means no
-        return False
-    return True
-
-
-_run_item.fix_unsendable = _fix_unsendable  # type: ignore[attr-defined]
-
-
-if TYPE_CHECKING:
-    # What the hooks are mixed into: a runner flavour (the engine's, or torch's), whose
-    # methods ``super()`` reaches.
-    _RunnerBase = engine.BaseRunner
-else:
-    _RunnerBase = object
-
-
-class _TaskHooks(_RunnerBase):
-    """The hooks of the pool's internal runner (mixed into a runner flavour)."""
-
-    def __init__(self, devices: Any, setup: tuple[Any, tuple[Any, ...]], **kwargs: Any) -> None:
-        self._pool_init = setup
-        super().__init__(devices, **kwargs)
-
-    def _producer_setup(self, n_producers: int) -> _Setup:  # type: ignore[override]
-        base = super()._producer_setup(n_producers)
-        return _Setup(base, *self._pool_init, self._codec())
-
-    producer_init = staticmethod(_run_initializer)
-    producer_work = staticmethod(_run_item)
-
-    _pool: weakref.ref[Pool] | None = None  # set by the Pool
-
-    def _drop_unsendable(
-        self, items: list[_WorkItem], first: int, error: Exception
-    ) -> list[_WorkItem | None]:
-        """One item that cannot be pickled fails its own call, not the stream that every
-        call and future of the pool shares: keeps the items that pickle."""
-        pool = self._pool() if self._pool is not None else None
-        if pool is None:
-            return super()._drop_unsendable(items, first, error)
-        codec = self._codec()
-        kept: list[_WorkItem | None] = []
-        item: _WorkItem | None
-        for item in items:
-            try:
-                codec.dumps(item)  # out-of-band buffers are not copied by this check
-            except Exception as e:  # noqa: BLE001 - reported to the item's call
-                pool._unsendable(item, e)
-                item = None  # travels as nothing (the batch keeps its length: see Feed.pack)
-            kept.append(item)
-        return kept
-
-
-class _TaskRunner(_TaskHooks, engine.UnorderedRunner):
-    """The runner behind :class:`Pool`."""
-
-
 # ----- in the caller -----
-
-
-class _Job:
-    """One ``map``/``imap`` call: its input, the results its caller has not taken yet."""
-
-    def __init__(
-        self,
-        jid: int,
-        fn: Any,
-        iterable: Iterable[Any],
-        mode: int,
-        ordered: bool,
-        window: int,
-        chunksize: int | None,
-        room: list[int],
-    ) -> None:
-        self.jid = jid
-        self.fn = fn
-        # A range/list/tuple is sliced in place; any other iterable is read item by item
-        # (in chunks only if asked: filling a chunk would hold back items while next() waits).
-        self.seq = cast("Sequence[Any]", iterable) if type(iterable) in _SEQUENCES else None
-        self.it = None if self.seq is not None else iter(iterable)
-        self.chunksize = chunksize
-        self.mode = mode
-        self.ordered = ordered
-        self.window = window
-        self.room = room  # [items]: the pool's bound from the bytes per result (shared)
-        self.cv = threading.Condition(threading.Lock())
-        # Lists of results not handed out yet: by input index of their first (ordered), or
-        # in arrival order.
-        self.ready: dict[int, list[Any]] | collections.deque[list[Any]] = (
-            {} if ordered else collections.deque()
-        )
-        self.next_index = 0  # ordered: the next index to hand out
-        self.pulled = 0  # items read from the input (by the feed)
-        self.consumed = 0  # results handed to the caller
-        self.input_done = False
-        self.error: BaseException | None = None
-        # Ordered jobs raise a task's error in its place: results before this input index
-        # are handed out first (as multiprocessing.Pool.imap does). 0: at once.
-        self.error_at = 0
-        self.closed = False  # finished or abandoned: its input and results are dropped
-        self.waiting = False
-
-    def has_room(self) -> bool:
-        """Whether the feed may start reading more of this job's input: once at least a
-        quarter of its bound (``window``, or fewer by bytes per result) is free. A segment
-        then reads up to the whole bound, so a busy job's input is read, sent and routed in
-        runs of thousands, not a few items each time its caller takes some results (each run
-        costs a wake-up of the feed, a segment and a batch); a job with little ahead (an input
-        waiting on its own results) is read at once."""
-        if self.closed or self.input_done:
-            return False
-        limit = min(self.window, self.room[0])
-        ahead = self.pulled - self.consumed
-        return ahead < limit and 4 * ahead <= 3 * limit
-
-    def deliver(self, index: int, ok: bool, value: Any) -> None:
-        with self.cv:
-            if self.closed:
-                return
-            if not ok:
-                # Ordered: the error of the earliest item is raised (errors of chunks can
-                # arrive out of order; the results before it all arrive, as results or errors).
-                if self.error is None or (self.ordered and index < self.error_at):
-                    self.error = worker_error(value)
-                    self.error_at = index if self.ordered else 0
-            elif self.ordered:
-                self.ready[index] = value
-            else:
-                self.ready.append(value)  # type: ignore[union-attr]
-            if self.waiting:
-                self.cv.notify()
-
-    def fail(self, error: BaseException) -> None:
-        with self.cv:
-            self.input_done = True
-            if self.error is None:
-                self.error = error
-            self.error_at = 0  # results still missing may never come: raise now
-            self.cv.notify_all()
-
-    def wake(self) -> None:
-        with self.cv:
-            self.cv.notify_all()
 
 
 _LIVE_POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()

@@ -29,6 +29,7 @@ from easycore.common.parallel.devices import parse_devices
 from easycore.common.parallel.worker import WorkerInfo, worker_info
 from easycore.errors import InvalidArgument
 from easycore.parallel import pool as _pool
+from easycore.parallel import tasks as _tasks
 from easycore.torch.parallel.codec import TorchCodec
 
 
@@ -123,7 +124,7 @@ class OrderedRunner(BaseRunner):
     _ordered = True
 
 
-class _TorchTaskRunner(_pool._TaskHooks, UnorderedRunner):
+class _TorchTaskRunner(_tasks._TaskHooks, UnorderedRunner):
     """The runner behind the torch :class:`Pool`."""
 
 
@@ -140,7 +141,7 @@ class PoolExecutor(_pool.PoolExecutor):
     _pool_cls = Pool
 
 
-context = _pool.context
+context = _tasks.context
 
 __all__ = [
     "BaseRunner",

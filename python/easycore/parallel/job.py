@@ -1,0 +1,98 @@
+"""One ``map``/``imap`` call of a pool in the caller: its input, how far ahead it may be read,
+and the results its caller has not taken yet."""
+
+from __future__ import annotations
+
+import collections
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+from easycore.common.parallel.remote_errors import worker_error
+
+_SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
+
+
+class _Job:
+    """One ``map``/``imap`` call: its input, the results its caller has not taken yet."""
+
+    def __init__(
+        self,
+        jid: int,
+        fn: Any,
+        iterable: Iterable[Any],
+        mode: int,
+        ordered: bool,
+        window: int,
+        chunksize: int | None,
+        room: list[int],
+    ) -> None:
+        self.jid = jid
+        self.fn = fn
+        # A range/list/tuple is sliced in place; any other iterable is read item by item
+        # (in chunks only if asked: filling a chunk would hold back items while next() waits).
+        self.seq = cast("Sequence[Any]", iterable) if type(iterable) in _SEQUENCES else None
+        self.it = None if self.seq is not None else iter(iterable)
+        self.chunksize = chunksize
+        self.mode = mode
+        self.ordered = ordered
+        self.window = window
+        self.room = room  # [items]: the pool's bound from the bytes per result (shared)
+        self.cv = threading.Condition(threading.Lock())
+        # Lists of results not handed out yet: by input index of their first (ordered), or
+        # in arrival order.
+        self.ready: dict[int, list[Any]] | collections.deque[list[Any]] = (
+            {} if ordered else collections.deque()
+        )
+        self.next_index = 0  # ordered: the next index to hand out
+        self.pulled = 0  # items read from the input (by the feed)
+        self.consumed = 0  # results handed to the caller
+        self.input_done = False
+        self.error: BaseException | None = None
+        # Ordered jobs raise a task's error in its place: results before this input index
+        # are handed out first (as multiprocessing.Pool.imap does). 0: at once.
+        self.error_at = 0
+        self.closed = False  # finished or abandoned: its input and results are dropped
+        self.waiting = False
+
+    def has_room(self) -> bool:
+        """Whether the feed may start reading more of this job's input: once at least a
+        quarter of its bound (``window``, or fewer by bytes per result) is free. A segment
+        then reads up to the whole bound, so a busy job's input is read, sent and routed in
+        runs of thousands, not a few items each time its caller takes some results (each run
+        costs a wake-up of the feed, a segment and a batch); a job with little ahead (an input
+        waiting on its own results) is read at once."""
+        if self.closed or self.input_done:
+            return False
+        limit = min(self.window, self.room[0])
+        ahead = self.pulled - self.consumed
+        return ahead < limit and 4 * ahead <= 3 * limit
+
+    def deliver(self, index: int, ok: bool, value: Any) -> None:
+        with self.cv:
+            if self.closed:
+                return
+            if not ok:
+                # Ordered: the error of the earliest item is raised (errors of chunks can
+                # arrive out of order; the results before it all arrive, as results or errors).
+                if self.error is None or (self.ordered and index < self.error_at):
+                    self.error = worker_error(value)
+                    self.error_at = index if self.ordered else 0
+            elif self.ordered:
+                self.ready[index] = value
+            else:
+                self.ready.append(value)  # type: ignore[union-attr]
+            if self.waiting:
+                self.cv.notify()
+
+    def fail(self, error: BaseException) -> None:
+        with self.cv:
+            self.input_done = True
+            if self.error is None:
+                self.error = error
+            self.error_at = 0  # results still missing may never come: raise now
+            self.cv.notify_all()
+
+    def wake(self) -> None:
+        with self.cv:
+            self.cv.notify_all()
