@@ -87,7 +87,7 @@ class _Flag(list[Any]):
 _SET = (True,)
 
 
-def ema(prev: float, x: float, weight: float = 0.3) -> float:
+def _ema(prev: float, x: float, weight: float = 0.3) -> float:
     """Running average of a figure the runner learns across calls (0: none learned yet)."""
     return x if prev <= 0 else (1.0 - weight) * prev + weight * x
 
@@ -669,7 +669,7 @@ class Call:
             del parts
             count = self.packed_counts.pop(seq, None) or len(results)
             r = self.runner
-            r._out_bytes_per_item = ema(r._out_bytes_per_item, nb / max(1, count))
+            r._out_bytes_per_item = _ema(r._out_bytes_per_item, nb / max(1, count))
             self._learn(wi, busy, wait, count)
             if self.reorder is None:
                 out.append((first, results, count))
@@ -727,7 +727,7 @@ class Call:
         # lone item each call starts with no longer shrinks the next batches tenfold.
         share = min(1.0, count / self._batch_size())
         per = max(delta / max(1, count), 1e-9)  # never 0, which means "not known"
-        r._cost_per_item = ema(r._cost_per_item, per, 0.3 * share)
+        r._cost_per_item = _ema(r._cost_per_item, per, 0.3 * share)
 
     def delivered_chunk(self, count: int) -> None:
         self.delivered += count
