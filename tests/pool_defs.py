@@ -21,6 +21,11 @@ def square(x):
     return x * x
 
 
+def nap(x, seconds):
+    time.sleep(seconds)
+    return x
+
+
 def add(a, b):
     return a + b
 

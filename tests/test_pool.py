@@ -381,6 +381,50 @@ def test_worker_death_fails_every_pending_future(tmp_path):
         assert p.submit(pd.square, 5).result(timeout=60) == 25
 
 
+def test_a_worker_that_died_while_the_pool_was_idle_fails_no_later_call():
+    # A worker killed while the pool is idle (by the OOM killer, say) held nothing. Before the
+    # fix, the next call or future failed with WorkerDiedError if it ran across the stream's
+    # health check (every 100 ms): its work went into the stream with the dead worker. Now
+    # the feed looks before it takes work, and the workers restart first.
+    import signal
+
+    with Pool(2) as p:
+        for rnd in range(4):
+            assert p.map(pd.square, range(10)) == [x * x for x in range(10)]
+            victim = p._runner._workers.procs[rnd % 2]
+            os.kill(victim.pid, signal.SIGKILL)
+            victim.join(30)
+            time.sleep(0.02)  # past the feed's spacing of health checks
+            if rnd % 2:
+                # 0.3 s on the live worker: across a health check
+                assert p.submit(pd.nap, rnd, 0.3).result(timeout=60) == rnd
+            else:
+                args = [(i, 0.01) for i in range(40)]  # 0.4 s on the live worker
+                assert p.starmap(pd.nap, args) == list(range(40))
+
+
+def test_quiet_restarts_stop_when_new_workers_die_before_returning_anything():
+    # Workers that die as soon as they start must fail the waiting calls, not be restarted
+    # (quietly) for ever: a quiet restart needs the stream to have delivered something, or
+    # the previous failure not to have been one.
+    from types import SimpleNamespace
+
+    def stream(delivered, drained=True):
+        return SimpleNamespace(drained=lambda: drained, delivered=delivered)
+
+    died = WorkerDiedError("producer 0 died", pid=1, device="cpu", exitcode=-9)
+    stopped = SimpleNamespace(stopped_for_death=True)
+    with Pool(1) as p:
+        assert p._quiet_restart(died, stopped, stream(0))  # the first: nothing was lost
+        assert not p._quiet_restart(died, stopped, stream(0))  # again, nothing delivered
+        assert p._quiet_restart(died, stopped, stream(5))  # the new workers had delivered
+        assert not p._quiet_restart(died, stopped, stream(5, drained=False))  # work was lost
+        assert not p._quiet_restart(ValueError("x"), stopped, stream(5))  # not a death
+        running = SimpleNamespace(stopped_for_death=False)  # feed neither stopped nor waiting
+        assert not p._quiet_restart(died, running, stream(5))
+        assert p.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
+
+
 def test_initializer_error_is_raised_by_the_constructor():
     with pytest.raises(pd.CustomError) as info:
         Pool(1, initializer=pd.fail_init)

@@ -33,6 +33,12 @@ class FakePool:
         self._feed_waiting = False
         self.feed: Feed | None = None
 
+    def _worker_died(self) -> bool:
+        return False
+
+    def _stream_drained(self) -> bool:
+        return False
+
     def _auto_chunk(self, job: _Job) -> int:
         return 3
 

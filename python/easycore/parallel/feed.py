@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -63,6 +64,7 @@ _WorkResult: TypeAlias = tuple[int, int, bool, Any]
 
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of a work item
 _TICK = 0.1  # seconds between checks while the feed waits for work
+_HEALTH_EVERY_S = 0.005  # at most this often, the feed asks whether a worker died
 _second = operator.itemgetter(1)
 # Most items in one segment: its gate list is allocated whole, and a segment that a submit
 # cuts early would waste the rest (a few µs of bookkeeping per segment is nothing at this size).
@@ -98,6 +100,11 @@ class Feed:
         self.reading: _Segment | None = None  # the job segment the input thread is in
         self.pos = 0  # raw items in every settled segment: where the next segment starts
         self.packed = 0  # raw items packed so far (the sender's position in the stream)
+        # Set (under the pool's lock) when the feed found a worker dead before taking more
+        # work: it ends the stream and takes nothing more, so a stream that then delivered
+        # everything it sent lost nothing (see Pool._quiet_restart).
+        self.stopped_for_death = False
+        self._next_health = 0.0
 
     def __iter__(self) -> Iterator[Any]:
         """The stream item by item, counting each run's items (for the tests; the engine
@@ -202,6 +209,8 @@ class Feed:
             while True:
                 if self.generation != pool._generation:
                     raise StopIteration
+                if pool._tasks and len(pool._running) < pool._task_window:
+                    self._stop_if_a_worker_died()
                 while pool._tasks and len(pool._running) < pool._task_window:
                     fut, tid, blob = pool._tasks.popleft()
                     if fut.set_running_or_notify_cancel():
@@ -215,12 +224,27 @@ class Feed:
                     pool._turn += 1
                     for job in order[start:] + order[:start]:
                         if job.has_room():
+                            self._stop_if_a_worker_died()
                             return job, pool._cuts
                 if pool._closing and not jobs and not pool._tasks:
                     raise StopIteration  # closed, and every call and task was sent
                 pool._feed_waiting = True
                 pool._cv.wait(_TICK)
                 pool._feed_waiting = False
+
+    def _stop_if_a_worker_died(self) -> None:
+        """Before taking more work (under the pool's lock): if a worker died, ends the stream
+        here (StopIteration), taking nothing. Work sent into a stream with a dead worker
+        would fail with it, though the worker died before that work existed (killed while
+        the pool was idle, say). Asked whenever nothing is on its way, else at most every
+        few ms (a system call per worker)."""
+        now = time.monotonic()
+        if now < self._next_health and not self.pool._stream_drained():
+            return
+        self._next_health = now + _HEALTH_EVERY_S
+        if self.pool._worker_died():
+            self.stopped_for_death = True
+            raise StopIteration
 
     def cut(self) -> None:
         """Ends the segment being read after the item being read (any thread)."""

@@ -30,6 +30,9 @@ How work travels::
   (pickle's memo).
 * If the stream fails (a producer died, an item or result could not be pickled), every pending
   job and future fails with that error, and the pool restarts its producers at its next task.
+  The feed looks at the producers before it takes more work: if one died, it takes nothing,
+  and if then everything sent comes back, nothing was lost and nothing fails (the stream is
+  restarted quietly, see ``Pool._quiet_restart``).
 """
 
 from __future__ import annotations
@@ -165,9 +168,10 @@ class Pool:
     Functions, lambdas and closures are accepted under every start method. Results and
     exceptions come back as the runners return them: a task's exception is re-raised in the
     caller as a :class:`~easycore.errors.WorkerError` that is also an instance of the
-    original type, with the remote traceback; a worker that dies fails every pending call and
-    future with :class:`~easycore.errors.WorkerDiedError` at once (the pool restarts its
-    workers at the next call).
+    original type, with the remote traceback; a worker that dies while work is on its way
+    fails every pending call and future with :class:`~easycore.errors.WorkerDiedError` at
+    once (the pool restarts its workers at the next call); one that died while nothing was on
+    its way fails nothing.
 
     Args:
         processes (int or Iterable[str], optional): an int ``n`` starts ``n`` ``"cpu"``
@@ -235,6 +239,7 @@ class Pool:
         self._feed: Feed | None = None  # the current stream's input
         self._cuts = 0  # times the feed was asked to end the segment it reads (see feed.py)
         self._feed_waiting = False
+        self._quiet_before = False  # the last stream failure was a quiet restart
         self._closing = False
         self._terminated = False
         self._call: Any = None
@@ -293,6 +298,8 @@ class Pool:
         runner = self._runner
         try:
             while True:
+                feed: Feed | None = None
+                call: Call | None = None
                 with self._cv:
                     while not (self._tasks or self._jobs or self._closing):
                         self._cv.wait(_TICK)
@@ -321,6 +328,8 @@ class Pool:
                     if self._closing:
                         return
                 except BaseException as e:  # noqa: BLE001 - every pending caller gets it
+                    if self._quiet_restart(e, feed, call):
+                        continue  # the loop restarts the workers; nothing failed
                     self._fail_pending(_for_pool(e))
                     if self._terminated:
                         return
@@ -332,6 +341,41 @@ class Pool:
             except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
                 self._end_error: BaseException | None = e
             self._fail_pending(RunnerClosedError("the pool was closed"))
+
+    def _stream_drained(self) -> bool:
+        """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
+        call = self._call
+        return call is not None and call.drained()
+
+    def _worker_died(self) -> bool:
+        """Whether a worker of the stream has died, or the workers were already stopped (the
+        stream failed: its receiver saw the death first). The feed asks before taking work."""
+        workers = self._runner._workers
+        return workers is None or workers.closed or workers.exited()
+
+    def _quiet_restart(self, error: BaseException, feed: Feed | None, call: Call | None) -> bool:
+        """Whether the stream's failure, a worker's death, lost nothing: the feed had stopped
+        taking work (it saw the death, or it was waiting for work), and every item it read
+        was sent and came back. Then no call or future fails: the old feed is stopped, and
+        the workers restart for the work that is waiting. (A worker that died while the
+        pool was idle failed the next call that spanned a health check.) Not twice in a row
+        for streams that delivered nothing: workers that die as soon as they start would
+        otherwise be restarted for ever, and the calls waiting on them never fail."""
+        if not isinstance(error, WorkerDiedError) or feed is None or call is None:
+            self._quiet_before = False
+            return False
+        with self._cv:
+            quiet = (
+                not self._terminated
+                and (feed.stopped_for_death or self._feed_waiting)
+                and call.drained()
+                and (call.delivered > 0 or not self._quiet_before)
+            )
+            self._quiet_before = quiet
+            if quiet:
+                self._generation += 1  # a waiting feed takes nothing more
+                self._cv.notify_all()
+        return quiet
 
     def _route(self, results: list[_WorkResult | None]) -> None:
         """Hands one message's results to their futures and jobs. Consecutive chunks of one

@@ -549,6 +549,11 @@ class Call:
             sent = True
         return sent
 
+    def drained(self) -> bool:
+        """Whether every item read was sent and every batch sent came back (in the receiving
+        thread, or once it stopped: then nothing is on its way)."""
+        return self.pending is None and self._unsent() <= 0 and self.delivered >= self.dispatched
+
     def _input_over(self) -> bool:
         if self.seq_data is not None:
             return self.pos >= len(self.seq_data) and self.pending is None

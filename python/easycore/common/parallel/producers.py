@@ -5,6 +5,7 @@ are stopped (goodbyes collected, then terminate, then kill) and how a death is d
 from __future__ import annotations
 
 import os
+import select
 import signal
 import time
 from typing import Any
@@ -45,6 +46,14 @@ class WorkerSet:
     def mine(self) -> bool:
         """Whether this process made the producers (a forked child must not touch them)."""
         return os.getpid() == self.owner_pid
+
+    def dead(self) -> WorkerDiedError | None:
+        """An error describing the first producer that died, if any."""
+        raise NotImplementedError
+
+    def exited(self) -> bool:
+        """Whether a producer has died (a quick look, for a hot path)."""
+        return self.dead() is not None
 
     def kill_now(self) -> None:
         """Kills every producer at once (second Ctrl-C, exit)."""
@@ -90,7 +99,20 @@ class LocalWorkers(WorkerSet):
         self.end_errors: list[dict[str, Any]] = []
         self.owner_pid = os.getpid()
         self.out_budget = out_q.ring_size  # bytes of results the output queue may hold
+        self._exit_poll: select.poll | None = None  # on the sentinels of the first _polled
+        self._polled = 0
         LIVE_WORKERS.add(self)
+
+    def exited(self) -> bool:
+        """Whether a producer has exited: one poll(2) on their sentinels, which become
+        readable when they exit (about 0.5 µs; :meth:`dead` asks each process twice, 3.5 µs
+        for two)."""
+        if self._exit_poll is None or self._polled != len(self.procs):
+            poll = select.poll()
+            for p in self.procs:
+                poll.register(p.sentinel, select.POLLIN)
+            self._exit_poll, self._polled = poll, len(self.procs)
+        return bool(self._exit_poll.poll(0))
 
     def dead(self) -> WorkerDiedError | None:
         """An error describing the first producer that died, if any."""
