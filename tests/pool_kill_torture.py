@@ -34,6 +34,9 @@ def _after() -> Iterator[int]:
 
 @dataclass
 class Outcome:
+    """What a torture run saw: rounds done, calls that returned the right results (``ok``)
+    or raised WorkerDiedError (``died``), and anything else (``problems``)."""
+
     rounds: int = 0
     ok: int = 0
     died: int = 0
