@@ -409,8 +409,9 @@ def test_quiet_restarts_stop_when_new_workers_die_before_returning_anything():
     # the previous failure not to have been one.
     from types import SimpleNamespace
 
-    def stream(delivered, drained=True):
-        return SimpleNamespace(drained=lambda: drained, delivered=delivered)
+    def stream(delivered, drained=True, started=True):
+        reader = object() if started else None  # the feed's thread (None: never started)
+        return SimpleNamespace(drained=lambda: drained, delivered=delivered, reader=reader)
 
     died = WorkerDiedError("producer 0 died", pid=1, device="cpu", exitcode=-9)
     stopped = SimpleNamespace(stopped_for_death=True)
@@ -422,6 +423,7 @@ def test_quiet_restarts_stop_when_new_workers_die_before_returning_anything():
         assert not p._quiet_restart(ValueError("x"), stopped, stream(5))  # not a death
         running = SimpleNamespace(stopped_for_death=False)  # feed neither stopped nor waiting
         assert not p._quiet_restart(died, running, stream(5))
+        assert p._quiet_restart(died, running, stream(5, started=False))  # it never read
         assert p.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
 
 

@@ -21,9 +21,11 @@ from ctrl_c import ctrl_c_after
 from easycore.common.parallel import worker_info
 from easycore.errors import (
     RunnerBusyError,
+    RunnerClosedError,
     RunnerTimeoutError,
     SharedMemoryError,
     StartMethodError,
+    WorkerDiedError,
     WorkerError,
 )
 
@@ -324,6 +326,32 @@ def test_a_child_forked_by_another_library_keeps_the_default_sigterm():
         """
     )
     assert out.stdout.strip() == "True True", out.stderr
+
+
+def test_a_call_after_a_producer_died_while_idle_raises_before_reading_its_input():
+    # Before, such a call ran on the producers left, fed its results to consumer_work and
+    # raised WorkerDiedError at its end (or at the next health check): the work was done,
+    # its input used up, and the call reported as failed. Now it raises before it reads any
+    # input or runs any hook, and activate() restarts the runner.
+    pulled: list[int] = []
+
+    def source():
+        for i in range(1000):
+            pulled.append(i)
+            yield i
+
+    with rd.SumSquares(devices=["cpu", "cpu"]) as r:
+        assert r(range(10)) == 285
+        victim = r._workers.procs[0]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(30)
+        with pytest.raises(WorkerDiedError, match="producer 0"):
+            r(source())
+        assert pulled == []
+        with pytest.raises(RunnerClosedError):
+            r(range(3))
+        r.activate()
+        assert r(range(10)) == 285
 
 
 def test_idle_forkserver_producers_do_not_take_the_fork_server_for_their_parent():

@@ -355,19 +355,21 @@ class Pool:
 
     def _quiet_restart(self, error: BaseException, feed: Feed | None, call: Call | None) -> bool:
         """Whether the stream's failure, a worker's death, lost nothing: the feed had stopped
-        taking work (it saw the death, or it was waiting for work), and every item it read
-        was sent and came back. Then no call or future fails: the old feed is stopped, and
-        the workers restart for the work that is waiting. (A worker that died while the
-        pool was idle failed the next call that spanned a health check.) Not twice in a row
-        for streams that delivered nothing: workers that die as soon as they start would
-        otherwise be restarted for ever, and the calls waiting on them never fail."""
+        taking work (it saw the death, it was waiting for work, or it never started), and
+        every item it read was sent and came back. Then no call or future fails: the old feed
+        is stopped, and the workers restart for the work that is waiting. (A worker that died
+        while the pool was idle failed the next call that spanned a health check.) Not twice
+        in a row for streams that delivered nothing: workers that die as soon as they start
+        would otherwise be restarted for ever, and the calls waiting on them never fail."""
         if not isinstance(error, WorkerDiedError) or feed is None or call is None:
             self._quiet_before = False
             return False
         with self._cv:
             quiet = (
                 not self._terminated
-                and (feed.stopped_for_death or self._feed_waiting)
+                # the feed saw the death, waits for work, or never ran (the call found the
+                # death as it started)
+                and (feed.stopped_for_death or self._feed_waiting or call.reader is None)
                 and call.drained()
                 and (call.delivered > 0 or not self._quiet_before)
             )

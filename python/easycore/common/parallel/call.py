@@ -210,6 +210,14 @@ class Call:
         self.last_progress = time.monotonic()
         self.in_wait0 = self.workers.in_q.wait_seconds
         self.out_wait0 = self.workers.out_q.wait_seconds
+        if self.workers.exited():
+            # A producer died since the last call (while the runner was idle): say so now,
+            # before any input is read or any hook runs, not after the call did its work.
+            try:
+                self._check_health()
+            except BaseException as e:
+                self._fail(e)  # closes the runner: activate() restarts it
+                raise
         if self.progress:
             import tqdm
 
