@@ -797,11 +797,7 @@ class Call:
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             if self.error is None:
                 self.error = e
-            self.abort = True
-            self.attention.set()
-            self._cut_bulk()
-            with self.cond:
-                self.cond.notify_all()
+            self._abort()
 
     def iterate(self) -> Iterator[Any]:
         chunks = self.iterate_chunks()
@@ -830,16 +826,21 @@ class Call:
             elif not self.ended:
                 self._fail(None)  # closed early (break, close(), garbage collection)
 
-    def _fail(self, exc: BaseException | None) -> None:
-        """Stops the call; closes the runner if a producer died, on Ctrl-C and on timeout."""
-        if self.ended:
-            return
-        self.ended = True
+    def _abort(self) -> None:
+        """Tells the reader and the receiver to stop (any thread): the flag they test, a
+        run being extended cut after its item, a reader waiting for room woken."""
         self.abort = True
         self.attention.set()
         self._cut_bulk()
         with self.cond:
             self.cond.notify_all()
+
+    def _fail(self, exc: BaseException | None) -> None:
+        """Stops the call; closes the runner if a producer died, on Ctrl-C and on timeout."""
+        if self.ended:
+            return
+        self.ended = True
+        self._abort()
         if self.consumer is not None and self.consumer is not threading.current_thread():
             # It stops within a tick (unless busy in consumer_work); it must not read the
             # output queue while a shutdown collects the producers' goodbyes.
