@@ -346,9 +346,13 @@ def test_a_zombie_lock_holder_is_taken_over_while_the_caller_holds_the_gil():
     # offset 128 of the segment, is non-zero), then SIGKILLed and left unreaped: a zombie
     # holding the lock. The parent, holding the GIL, must take the lock over. Before, the
     # liveness check said "alive" for the zombie and put() waited forever with the GIL held.
+    # Parent and child share one CPU, so the child is stopped where the parent's wake-up
+    # preempted it, at any instruction. On CPUs of its own it was never caught on a 16-core
+    # VM (Firecracker): there the stop seemed to land only outside the lock.
     code = """
-        import os, signal, time
+        import os, random, signal, time
         from easycore._core import Queue
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
         q = Queue(capacity_bytes=1 << 16, max_messages=8)
         path = "/dev/shm" + q.name
         kid = os.fork()
@@ -359,6 +363,7 @@ def test_a_zombie_lock_holder_is_taken_over_while_the_caller_holds_the_gil():
         caught = False
         fd = os.open(path, os.O_RDONLY)
         for _ in range(20000):
+            time.sleep(random.uniform(0, 0.0005))  # the child runs; waking preempts it
             os.kill(kid, signal.SIGSTOP)
             time.sleep(0.0005)
             if int.from_bytes(os.pread(fd, 4, 128), "little") != 0:
