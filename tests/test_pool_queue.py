@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import pickle
 import queue
 
 import numpy as np
+import objqueue_torture
 import pool_defs as pd
 import pytest
-from easycore.errors import QueueClosed
+from easycore.errors import InvalidArgument, QueueClosed
 from easycore.parallel import Queue
 
 pytestmark = pytest.mark.timeout(120)
@@ -71,3 +73,70 @@ def test_queue_semantics_in_one_process():
     assert q.closed
     with pytest.raises(QueueClosed):
         q.put(1)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"capacity_bytes": 100},
+        {"capacity_bytes": "16MB"},
+        {"capacity_bytes": 2**70},
+        {"max_messages": 0},
+        {"max_messages": -1},
+        {"max_messages": True},
+        {"side_budget": -1},
+        {"side_budget": 1.5},
+    ],
+)
+def test_bad_sizes_raise_invalid_argument(kwargs):
+    # Before, negative and huge ints leaked the core's OverflowError ("can't convert negative
+    # int to unsigned") and a str a TypeError from a comparison.
+    with pytest.raises(InvalidArgument):
+        Queue(**kwargs)
+
+
+@pytest.mark.parametrize("max_items", [0, -1, 2.0])
+def test_get_many_wants_at_least_one_item(max_items):
+    # Before, get_many(0) returned one object and get_many(-1) raised OverflowError.
+    q = Queue(capacity_bytes=1 << 16)
+    q.put("x")
+    with pytest.raises(InvalidArgument):
+        q.get_many(max_items)
+    assert q.get_many(1) == ["x"]
+
+
+def test_what_forked_children_leave_in_dev_shm_goes_with_the_next_queue():
+    # A child forked by multiprocessing ends with os._exit, so exit handlers never remove its
+    # liveness token (nor anything of a child that was killed); a program that only uses
+    # Queue (no runner, whose start sweeps) piled them up in /dev/shm.
+    ctx = mp.get_context("fork")
+    q = Queue(capacity_bytes=4 << 20)  # room for all 12 objects (7 MB): nobody reads yet
+    kids = [ctx.Process(target=pd.queue_writer, args=(q, w, 4)) for w in range(3)]
+    for p in kids:
+        p.start()
+    for p in kids:
+        p.join(30)
+        assert p.exitcode == 0
+
+    def left():
+        return [
+            n for n in os.listdir("/dev/shm") if any(n.startswith(f"ec.{p.pid}-") for p in kids)
+        ]
+
+    assert left(), "the children made no tokens: this test tests nothing"
+    Queue(capacity_bytes=4096).close()
+    assert left() == []
+    assert len(q.get_many(100, timeout=10)) == 12
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("method", "rounds", "seed"), [("fork", 30, 1), ("spawn", 6, 2)])
+def test_writers_and_readers_killed_at_random_lose_nothing_else(method, rounds, seed):
+    # Fault injection (tests/objqueue_torture.py): a writer or reader SIGKILLed (a fifth
+    # SIGSTOPped first) at a random point of its stream; every object that arrives is whole
+    # and in its writer's order, a surviving writer's objects all arrive, a killed writer's
+    # arrive as a prefix, and the queue goes on without the victim.
+    out = objqueue_torture.run(rounds, start_method=method, seed=seed)
+    assert not out.hung, out.problems
+    assert out.problems == []
+    assert out.rounds == rounds and out.writers_killed and out.readers_killed

@@ -13,10 +13,17 @@ from collections.abc import Iterable
 from typing import Any
 
 from easycore._core import Queue as _CoreQueue
+from easycore._core import sweep_stale_segments
 from easycore.common.parallel import wire
 from easycore.errors import InvalidArgument, QueueClosed, QueueEmpty, QueueFull
 
 _KIND = 1
+
+
+def _check_int(name: str, value: object, least: int) -> None:
+    """InvalidArgument unless ``value`` is an int (not a bool) of at least ``least``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise InvalidArgument(f"{name} must be an int of at least {least}, got {value!r}")
 
 
 class Queue:
@@ -52,13 +59,22 @@ class Queue:
         side_budget: int | None = None,
         torch: bool = False,
     ) -> None:
-        if capacity_bytes < 4096:
-            raise InvalidArgument(f"capacity_bytes must be at least 4096, got {capacity_bytes}")
-        self._q = _CoreQueue(
-            capacity_bytes=capacity_bytes,
-            max_messages=max_messages,
-            side_budget=side_budget if side_budget is not None else 4 * capacity_bytes,
-        )
+        _check_int("capacity_bytes", capacity_bytes, 4096)
+        _check_int("max_messages", max_messages, 1)
+        if side_budget is not None:
+            _check_int("side_budget", side_budget, 0)
+        # What dead processes left in /dev/shm goes first (a few µs when there is nothing):
+        # children forked by multiprocessing end with os._exit, which leaves their liveness
+        # tokens behind, and killed ones leave their segments too.
+        sweep_stale_segments()
+        try:
+            self._q = _CoreQueue(
+                capacity_bytes=capacity_bytes,
+                max_messages=max_messages,
+                side_budget=side_budget if side_budget is not None else 4 * capacity_bytes,
+            )
+        except OverflowError as e:  # beyond 64 bits: the core's own bounds are far lower
+            raise InvalidArgument(f"a size beyond any queue's: {e}") from None
         self._torch = torch
         self._codec = self._make_codec()
 
@@ -151,6 +167,7 @@ class Queue:
         Raises:
             queue.Empty: nothing came in time.
         """
+        _check_int("max_items", max_items, 1)
         msgs = self._q.get_many(max_items, block=block, timeout=timeout)
         loads = self._codec.loads
         return [loads(parts) for _seq, _kind, parts in msgs]

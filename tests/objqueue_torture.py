@@ -1,0 +1,224 @@
+"""Kill torture for the public object queue (:class:`easycore.parallel.Queue`): writer and
+reader processes share one small queue (so puts wait for room and large objects travel in
+side segments) while one of them is SIGKILLed (a fifth SIGSTOPped first) at a random
+instant. Used by tests/test_pool_queue.py (a short run in CI) and by
+benches/objqueue_kill_soak.py (a long soak).
+
+Each round checks, with every wait bounded:
+
+* every object that arrived is whole (its arrays hold the values they were sent with);
+* a writer's objects reach each reader in the order they were put;
+* with a writer killed and no reader: each surviving writer's objects all arrived, and the
+  victim's are a prefix of what it put (the object being put when it died may be lost,
+  nothing before it);
+* with a reader killed: the objects it took are gone with it, but the queue goes on: the
+  writers finish (the room and side memory the victim held come back) and the other reader
+  takes the rest;
+* nothing hung, and no writer or reader raised.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from easycore.errors import QueueEmpty
+from easycore.parallel import Queue
+
+WRITERS, READERS, PER_WRITER = 3, 2, 240
+JOIN_S = 60.0  # a process not done this long after the kill counts as hung
+_STOP = "stop"
+
+
+def _payload(w: int, i: int) -> Any:
+    """Object ``i`` of writer ``w``: small, a few KB, or MBs (side segment), by ``i``."""
+    import numpy as np
+
+    v = w * 100_000 + i
+    kind = i % 4
+    if kind == 0:
+        return (w, i, v)
+    if kind == 1:
+        return (w, i, {"v": v, "b": bytes([v % 251]) * 300})
+    n = 20_000 if kind == 2 else 300_000  # 160 KB, 2.4 MB
+    return (w, i, np.full(n, v, dtype=np.int64))
+
+
+def _whole(obj: Any) -> bool:
+    """Whether an object that arrived holds what :func:`_payload` made."""
+    import numpy as np
+
+    w, i, body = obj
+    v = w * 100_000 + i
+    if isinstance(body, np.ndarray):
+        n = 20_000 if i % 4 == 2 else 300_000
+        return body.shape == (n,) and bool((body == v).all())
+    if isinstance(body, dict):
+        return body == {"v": v, "b": bytes([v % 251]) * 300}
+    return bool(body == v)
+
+
+def writer(q: Queue, w: int, done: Any) -> None:
+    """Puts writer ``w``'s objects, every fourth run of three through ``put_many``; counts
+    them in ``done`` (a shared int, so that the kill can land at any point of the stream)."""
+    i = 0
+    while i < PER_WRITER:
+        if i % 12 == 6:
+            q.put_many([_payload(w, j) for j in range(i, min(i + 3, PER_WRITER))], timeout=JOIN_S)
+            i += 3
+        else:
+            q.put(_payload(w, i), timeout=JOIN_S)
+            i += 1
+        done.value = i
+
+
+def reader(q: Queue, out: Queue, r: int, done: Any) -> None:
+    """Takes objects until a stop mark; reports ``(r, [(w, i), ...], [bad ...])`` to ``out``
+    every few objects (what a killed reader took and had not reported is lost with it)."""
+    seen: list[tuple[int, int]] = []
+    bad: list[str] = []
+    held = []  # keep some arrays alive a while: views into shared memory a kill leaves
+    while True:
+        try:
+            objs = q.get_many(4, timeout=JOIN_S) if r % 2 else [q.get(timeout=JOIN_S)]
+        except QueueEmpty:
+            out.put((r, seen, [*bad, "nothing came for a whole minute"]), timeout=JOIN_S)
+            out.put((r, None, []), timeout=JOIN_S)
+            return
+        stop = False
+        for obj in objs:
+            if obj == _STOP:
+                stop = True
+                continue
+            if not _whole(obj):
+                bad.append(f"object {obj[:2]} is not whole")
+            seen.append((obj[0], obj[1]))
+            held.append(obj)
+            done.value += 1
+        del held[:-8]
+        if len(seen) >= 16 or stop:
+            out.put((r, seen, bad), timeout=JOIN_S)
+            seen, bad = [], []
+        if stop:
+            out.put((r, None, []), timeout=JOIN_S)  # done
+            return
+
+
+@dataclass
+class Outcome:
+    """What a torture run saw: rounds done, by victim, and anything wrong (``problems``)."""
+
+    rounds: int = 0
+    writers_killed: int = 0
+    readers_killed: int = 0
+    problems: list[str] = field(default_factory=list)
+    hung: bool = False
+
+
+def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
+    """One round; returns (victim kind, problems, hung)."""
+    problems: list[str] = []
+    q = Queue(capacity_bytes=1 << 16, max_messages=16, side_budget=8 << 20)
+    out = Queue(capacity_bytes=1 << 20)
+    done = [ctx.Value("i", 0, lock=False) for _ in range(WRITERS + READERS)]
+    writers = [ctx.Process(target=writer, args=(q, w, done[w])) for w in range(WRITERS)]
+    readers = [
+        ctx.Process(target=reader, args=(q, out, r, done[WRITERS + r])) for r in range(READERS)
+    ]
+    procs = writers + readers
+    kind = "writer" if rng.random() < 0.6 else "reader"
+    victim = rng.choice(writers if kind == "writer" else readers)
+    # The kill lands once the victim has put or taken this many objects, a little later.
+    at = rng.randrange(PER_WRITER)
+    got: dict[int, list[tuple[int, int]]] = {r: [] for r in range(READERS)}
+    try:
+        for p in procs:
+            p.start()
+        # (A reader may never take that many: the other one can take most; then the kill
+        # lands once every writer is done, while the victim waits in get.)
+        count, until = done[procs.index(victim)], time.monotonic() + JOIN_S
+        while count.value < at and victim.is_alive() and time.monotonic() < until:
+            if not any(w.is_alive() for w in writers):
+                break
+            time.sleep(0.0005)
+        time.sleep(rng.random() * 0.002)
+        if rng.random() < 0.2:
+            os.kill(victim.pid, signal.SIGSTOP)  # type: ignore[arg-type]
+            time.sleep(rng.random() * 0.1)
+        os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        victim.join(JOIN_S)
+        deadline = time.monotonic() + JOIN_S
+        for p in writers:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                return kind, [f"writer {writers.index(p)} hung"], True
+            if p is not victim and p.exitcode != 0:
+                problems.append(f"writer {writers.index(p)} exited with {p.exitcode}")
+        live = [r for r, p in enumerate(readers) if p is not victim]
+        done: set[int] = set()
+        while len(done) < len(live):
+            q.put(_STOP, timeout=JOIN_S)  # one at a time: get_many could take two
+            while True:
+                r, seen, bad = out.get(timeout=JOIN_S)
+                problems += [f"reader {r}: {b}" for b in bad]
+                if seen is None:
+                    done.add(r)
+                    break
+                got[r] += seen
+        for r in live:
+            readers[r].join(JOIN_S)
+            if readers[r].exitcode != 0:
+                problems.append(f"reader {r} exited with {readers[r].exitcode}")
+    except QueueEmpty:
+        return kind, [*problems, "a report or a stop mark waited a whole minute"], True
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        q.close()
+        out.close()
+    # What the children left (the victim's side segments, tokens of killed and forked
+    # children, which skip exit handlers) goes with the next queue's sweep.
+    Queue(capacity_bytes=4096).close()
+    pids = {f"ec.{p.pid}-" for p in procs}
+    left = [n for n in os.listdir("/dev/shm") if n[: n.find("-") + 1] in pids]
+    if left:
+        problems.append(f"left in /dev/shm after a sweep: {left}")
+    for r, ids in got.items():  # one writer's objects reach a reader in order
+        for w in range(WRITERS):
+            mine = [i for ww, i in ids if ww == w]
+            if mine != sorted(mine) or len(set(mine)) != len(mine):
+                problems.append(f"reader {r} got writer {w}'s objects out of order or twice")
+    if kind == "writer":
+        every = sorted(x for ids in got.values() for x in ids)
+        for w, p in enumerate(writers):
+            mine = [i for ww, i in every if ww == w]
+            if p is not victim and mine != list(range(PER_WRITER)):
+                problems.append(f"writer {w} (alive): {PER_WRITER - len(mine)} objects lost")
+            if p is victim and mine != list(range(len(mine))):
+                problems.append(f"killed writer {w}: what arrived is not a prefix")
+    return kind, problems, False
+
+
+def run(rounds: int, start_method: str = "fork", seed: int = 0) -> Outcome:
+    rng = random.Random(seed)
+    ctx = mp.get_context(start_method)
+    out = Outcome()
+    for rnd in range(rounds):
+        kind, problems, hung = _round(ctx, rng)
+        out.problems += [f"round {rnd} ({kind} killed): {p}" for p in problems]
+        if hung:
+            out.hung = True
+            return out
+        out.rounds += 1
+        if kind == "writer":
+            out.writers_killed += 1
+        else:
+            out.readers_killed += 1
+    return out
