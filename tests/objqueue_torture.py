@@ -8,13 +8,14 @@ Each round checks, with every wait bounded:
 
 * every object that arrived is whole (its arrays hold the values they were sent with);
 * a writer's objects reach each reader in the order they were put;
-* with a writer killed and no reader: each surviving writer's objects all arrived, and the
+* when the victim is a writer: each surviving writer's objects all arrived, and the
   victim's are a prefix of what it put (the object being put when it died may be lost,
   nothing before it);
-* with a reader killed: the objects it took are gone with it, but the queue goes on: the
-  writers finish (the room and side memory the victim held come back) and the other reader
-  takes the rest;
-* nothing hung, and no writer or reader raised.
+* when the victim is a reader: the objects it took are gone with it, but the queue goes on:
+  the writers finish (the room and side memory the victim held come back) and the other
+  reader takes the rest;
+* nothing hung, no writer or reader raised, and a sweep leaves nothing of the round's
+  processes in /dev/shm.
 """
 
 from __future__ import annotations
