@@ -103,6 +103,8 @@ def test_get_many_wants_at_least_one_item(max_items):
     with pytest.raises(InvalidArgument):
         q.get_many(max_items)
     assert q.get_many(1) == ["x"]
+    q.put("y")
+    assert q.get_many(2**70) == ["y"]  # before: OverflowError
 
 
 def test_what_forked_children_leave_in_dev_shm_goes_with_the_next_queue():

@@ -168,6 +168,8 @@ class Queue:
             queue.Empty: nothing came in time.
         """
         _check_int("max_items", max_items, 1)
+        # No more than the queue can hold (any int is fine, 2**70 too).
+        max_items = min(max_items, self._q.max_messages)
         msgs = self._q.get_many(max_items, block=block, timeout=timeout)
         loads = self._codec.loads
         return [loads(parts) for _seq, _kind, parts in msgs]
