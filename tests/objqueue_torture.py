@@ -2,7 +2,7 @@
 reader processes share one small queue (so puts wait for room and large objects travel in
 side segments) while one of them is SIGKILLed (a fifth SIGSTOPped first) at a random
 instant. Used by tests/test_pool_queue.py (a short run in CI) and by
-benches/objqueue_kill_soak.py (a long soak).
+``benches/kill_soak.py objqueue`` (a long soak).
 
 Each round checks, with every wait bounded:
 
@@ -119,6 +119,13 @@ class Outcome:
     readers_killed: int = 0
     problems: list[str] = field(default_factory=list)
     hung: bool = False
+
+    def summary(self) -> str:
+        """One line for a soak's report."""
+        return (
+            f"{self.rounds} rounds, {len(self.problems)} problems, {self.writers_killed} "
+            f"writers and {self.readers_killed} readers killed{' (HUNG)' if self.hung else ''}"
+        )
 
 
 def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:

@@ -1,7 +1,8 @@
 """Kill torture for the pool: several threads use one :class:`~easycore.parallel.Pool` at
 once (``map`` over a generator, ``imap_unordered`` over a list, ``submit``) while one of its
 workers is SIGKILLed (a fifth SIGSTOPped first) at a random instant. Used by
-tests/test_pool_crash.py (a short run in CI) and by benches/pool_kill_soak.py (a long soak).
+tests/test_pool_crash.py (a short run in CI) and by ``benches/kill_soak.py pool`` (a long
+soak).
 
 Each round checks that every call returned the right results or raised
 :class:`~easycore.errors.WorkerDiedError` (nothing wrong, nothing else), that nothing hung,
@@ -42,6 +43,13 @@ class Outcome:
     died: int = 0
     problems: list[str] = field(default_factory=list)
     hung: bool = False
+
+    def summary(self) -> str:
+        """One line for a soak's report."""
+        return (
+            f"{self.rounds} rounds, {len(self.problems)} problems, {self.ok} calls ok, "
+            f"{self.died} failed with WorkerDiedError{' (HUNG)' if self.hung else ''}"
+        )
 
 
 def _call(outcome: dict[int, str], k: int, fn: Callable[[], bool]) -> None:
