@@ -107,3 +107,13 @@ def mark_then_wait(args):
     mark(mine, None)
     wait_for(theirs, limit=30.0)
     return os.path.exists(theirs)
+
+
+def queue_owner(conn):
+    """Makes a Queue, puts "left" in it, sends it on ``conn``, then waits to be killed."""
+    from easycore.parallel import Queue
+
+    q = Queue(capacity_bytes=1 << 16, max_messages=4)
+    q.put("left")
+    conn.send(q)
+    conn.recv()  # never answered: the test kills this process

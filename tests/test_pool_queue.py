@@ -6,6 +6,7 @@ import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 
 import numpy as np
 import objqueue_torture
@@ -142,3 +143,26 @@ def test_writers_and_readers_killed_at_random_lose_nothing_else(method, rounds, 
     assert not out.hung, out.problems
     assert out.problems == []
     assert out.rounds == rounds and out.writers_killed and out.readers_killed
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_the_death_of_the_process_that_made_the_queue_ends_it_for_the_others(method):
+    # The creator's death ends the queue (the next sweep removes its memory). Before, a get
+    # with no timeout waited for ever, and one with a timeout said queue.Empty.
+    ctx = mp.get_context(method)
+    here, there = ctx.Pipe()
+    owner = ctx.Process(target=pd.queue_owner, args=(there,))
+    owner.start()
+    try:
+        q = here.recv()
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.join(30)
+        assert q.get(timeout=60) == "left"  # what was queued is still delivered
+        with pytest.raises(QueueClosed):
+            q.get(timeout=60)
+        with pytest.raises(QueueClosed):
+            q.put("more", timeout=60)
+    finally:
+        if owner.is_alive():
+            owner.kill()
+            owner.join()

@@ -31,7 +31,9 @@
 //! party number; a waiter takes it over from a holder whose liveness token says it is dead
 //! and then *repairs* the queue (`recover.rs` lists what each death leaves and how it is
 //! mended). Every wait, the lock's included, has a deadline, and callers that hold the
-//! Python GIL only ever *try* the lock: the slow path waits with the GIL released.
+//! Python GIL only ever *try* the lock: the slow path waits with the GIL released. The death
+//! of the queue's creator ends the queue: a waiter that finds it dead closes the queue, so
+//! a wait with no deadline ends too.
 //!
 //! # Waiting
 //! Blocked readers wait on the futex word `data_seq`, bumped by every commit and by close;
@@ -309,6 +311,19 @@ impl Queue {
         }
     }
 
+    /// Closes the queue if its creator died. The creator's death ends the queue (the next
+    /// sweep removes its names), so nobody may wait on it for ever: waiters ask this each
+    /// time a sleep ends without progress, and then wake as for [`Queue::close`] (gets drain
+    /// what is left first). One `flock` probe of the creator's liveness token.
+    pub fn close_if_owner_died(&self) {
+        if self.is_closed() {
+            return;
+        }
+        if self.owner().is_some_and(|o| !liveness::alive(o)) {
+            self.close(Some(Instant::now() + RECOVER_TICK));
+        }
+    }
+
     /// Whether [`Queue::close`] was called by anyone.
     pub fn is_closed(&self) -> bool {
         self.hdr().closed.load(Ordering::SeqCst) != 0
@@ -456,6 +471,7 @@ impl Queue {
                 waiting.fetch_sub(1, Ordering::SeqCst);
                 h.parties.note_wait(me, side, false);
                 if word.load(Ordering::SeqCst) == seen {
+                    self.close_if_owner_died();
                     self.recover();
                 }
                 return true;

@@ -762,3 +762,29 @@ fn a_full_party_table_adopts_a_dead_entry() {
     assert_eq!(get(&q, deadline).unwrap().0, 1);
     q.audit(deadline).unwrap();
 }
+
+#[test]
+fn the_creators_death_closes_the_queue_for_its_waiters() {
+    let q = small(1 << 14);
+    q.put(1, 0, &[b"left"], None).unwrap();
+    // A creator that does not exist (its token was never made) reads as dead.
+    let me = crate::liveness::me().unwrap();
+    let dead = crate::liveness::Identity {
+        pid: me.pid,
+        nonce: me.nonce ^ 0x3333_3333,
+    };
+    q.hdr().owner.store(dead.packed(), Ordering::Relaxed);
+    let deadline = Some(Instant::now() + Duration::from_secs(20));
+    assert_eq!(
+        get(&q, deadline).unwrap().0,
+        1,
+        "what was queued is still delivered"
+    );
+    // Before, this waited out its deadline (and a wait with none, for ever).
+    assert!(matches!(get(&q, deadline), Err(CoreError::Closed)));
+    assert!(q.is_closed());
+    assert!(matches!(
+        q.put(2, 0, &[b"x"], deadline),
+        Err(CoreError::Closed)
+    ));
+}

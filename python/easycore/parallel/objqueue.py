@@ -32,7 +32,9 @@ class Queue:
     Pass it to processes you start (``multiprocessing.Process(args=(q,))``, under fork,
     spawn or forkserver): pickling it attaches to the same shared memory. The process that
     made it owns the shared memory; it is released when that process's queue is closed and
-    garbage-collected, or when that process exits (also when it is killed).
+    garbage-collected, or when that process exits (also when it is killed). Its death ends
+    the queue for the others, as ``close()`` would: gets hand out what is left, then raise
+    :class:`~easycore.errors.QueueClosed`, and puts raise it.
 
     Args:
         capacity_bytes (int): bytes of the ring that holds small messages; larger objects
