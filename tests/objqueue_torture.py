@@ -1,8 +1,8 @@
 """Kill torture for the public object queue (:class:`easycore.parallel.Queue`): writer and
 reader processes share one small queue (so puts wait for room and large objects travel in
-side segments) while one of them is SIGKILLed (a fifth SIGSTOPped first) at a random
-instant. Used by tests/test_pool_queue.py (a short run in CI) and by
-``benches/kill_soak.py objqueue`` (a long soak).
+side segments) while one of them, or the process that made the queue, is SIGKILLed (a fifth
+SIGSTOPped first) at a random instant. Used by tests/test_pool_queue.py (a short run in CI)
+and by ``benches/kill_soak.py objqueue`` (a long soak).
 
 Each round checks, with every wait bounded:
 
@@ -14,6 +14,9 @@ Each round checks, with every wait bounded:
 * when the victim is a reader: the objects it took are gone with it, but the queue goes on:
   the writers finish (the room and side memory the victim held come back) and the other
   reader takes the rest;
+* when the victim is the process that made the queue (it ends the queue): everyone else
+  ends, with what arrived whole and in order (writers and readers see ``QueueClosed`` once
+  a wait finds the maker dead);
 * nothing hung, no writer or reader raised, and a sweep leaves nothing of the round's
   processes in /dev/shm.
 """
@@ -28,7 +31,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from easycore.errors import QueueEmpty
+from easycore.errors import QueueClosed, QueueEmpty
 from easycore.parallel import Queue
 
 WRITERS, READERS, PER_WRITER = 3, 2, 240
@@ -68,14 +71,18 @@ def writer(q: Queue, w: int, done: Any) -> None:
     """Puts writer ``w``'s objects, every fourth run of three through ``put_many``; counts
     them in ``done`` (a shared int, so that the kill can land at any point of the stream)."""
     i = 0
-    while i < PER_WRITER:
-        if i % 12 == 6:
-            q.put_many([_payload(w, j) for j in range(i, min(i + 3, PER_WRITER))], timeout=JOIN_S)
-            i += 3
-        else:
-            q.put(_payload(w, i), timeout=JOIN_S)
-            i += 1
-        done.value = i
+    try:
+        while i < PER_WRITER:
+            if i % 12 == 6:
+                batch = [_payload(w, j) for j in range(i, min(i + 3, PER_WRITER))]
+                q.put_many(batch, timeout=JOIN_S)
+                i += 3
+            else:
+                q.put(_payload(w, i), timeout=JOIN_S)
+                i += 1
+            done.value = i
+    except QueueClosed:
+        pass  # the queue's maker died: the queue is over
 
 
 def reader(q: Queue, out: Queue, r: int, done: Any) -> None:
@@ -87,6 +94,8 @@ def reader(q: Queue, out: Queue, r: int, done: Any) -> None:
     while True:
         try:
             objs = q.get_many(4, timeout=JOIN_S) if r % 2 else [q.get(timeout=JOIN_S)]
+        except QueueClosed:  # the queue's maker died, and what was left is taken
+            objs = [_STOP]
         except QueueEmpty:
             out.put((r, seen, [*bad, "nothing came for a whole minute"]), timeout=JOIN_S)
             out.put((r, None, []), timeout=JOIN_S)
@@ -117,21 +126,43 @@ class Outcome:
     rounds: int = 0
     writers_killed: int = 0
     readers_killed: int = 0
+    makers_killed: int = 0
     problems: list[str] = field(default_factory=list)
     hung: bool = False
 
     def summary(self) -> str:
         """One line for a soak's report."""
         return (
-            f"{self.rounds} rounds, {len(self.problems)} problems, {self.writers_killed} "
-            f"writers and {self.readers_killed} readers killed{' (HUNG)' if self.hung else ''}"
+            f"{self.rounds} rounds, {len(self.problems)} problems, killed: "
+            f"{self.writers_killed} writers, {self.readers_killed} readers, "
+            f"{self.makers_killed} queue makers{' (HUNG)' if self.hung else ''}"
         )
+
+
+def _make_queue() -> Queue:
+    return Queue(capacity_bytes=1 << 16, max_messages=16, side_budget=8 << 20)
+
+
+def queue_maker(conn: Any) -> None:
+    """Makes the round's queue, sends it on ``conn`` and waits to be killed."""
+    q = _make_queue()  # kept: the maker's drop would remove it before the others attach
+    conn.send(q)
+    conn.recv()  # never answered
 
 
 def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
     """One round; returns (victim kind, problems, hung)."""
     problems: list[str] = []
-    q = Queue(capacity_bytes=1 << 16, max_messages=16, side_budget=8 << 20)
+    roll = rng.random()
+    kind = "writer" if roll < 0.5 else "reader" if roll < 0.8 else "maker"
+    maker = None
+    if kind == "maker":  # the queue is made by a process of its own, the victim
+        here, there = ctx.Pipe()
+        maker = ctx.Process(target=queue_maker, args=(there,))
+        maker.start()
+        q = here.recv()
+    else:
+        q = _make_queue()
     out = Queue(capacity_bytes=1 << 20)
     done = [ctx.Value("i", 0, lock=False) for _ in range(WRITERS + READERS)]
     writers = [ctx.Process(target=writer, args=(q, w, done[w])) for w in range(WRITERS)]
@@ -139,8 +170,7 @@ def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
         ctx.Process(target=reader, args=(q, out, r, done[WRITERS + r])) for r in range(READERS)
     ]
     procs = writers + readers
-    kind = "writer" if rng.random() < 0.6 else "reader"
-    victim = rng.choice(writers if kind == "writer" else readers)
+    victim = maker or rng.choice(writers if kind == "writer" else readers)
     # The kill lands once the victim has put or taken this many objects, a little later.
     at = rng.randrange(PER_WRITER)
     got: dict[int, list[tuple[int, int]]] = {r: [] for r in range(READERS)}
@@ -149,7 +179,8 @@ def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
             p.start()
         # (A reader may never take that many: the other one can take most; then the kill
         # lands once every writer is done, while the victim waits in get.)
-        count, until = done[procs.index(victim)], time.monotonic() + JOIN_S
+        count = done[procs.index(victim) if victim in procs else 0]
+        until = time.monotonic() + JOIN_S
         while count.value < at and victim.is_alive() and time.monotonic() < until:
             if not any(w.is_alive() for w in writers):
                 break
@@ -168,14 +199,18 @@ def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
             if p is not victim and p.exitcode != 0:
                 problems.append(f"writer {writers.index(p)} exited with {p.exitcode}")
         live = [r for r, p in enumerate(readers) if p is not victim]
-        done: set[int] = set()
-        while len(done) < len(live):
-            q.put(_STOP, timeout=JOIN_S)  # one at a time: get_many could take two
+        finished: set[int] = set()
+        while len(finished) < len(live):
+            # One stop mark at a time (get_many could take two). None once the maker is dead:
+            # the readers must then end on their own, with QueueClosed, once the queue is
+            # drained (before, each waited out its minute).
+            if maker is None:
+                q.put(_STOP, timeout=JOIN_S)
             while True:
                 r, seen, bad = out.get(timeout=JOIN_S)
                 problems += [f"reader {r}: {b}" for b in bad]
                 if seen is None:
-                    done.add(r)
+                    finished.add(r)
                     break
                 got[r] += seen
         for r in live:
@@ -185,7 +220,7 @@ def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
     except QueueEmpty:
         return kind, [*problems, "a report or a stop mark waited a whole minute"], True
     finally:
-        for p in procs:
+        for p in [*procs, *([maker] if maker else [])]:
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -194,7 +229,7 @@ def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
     # What the children left (the victim's side segments, tokens of killed and forked
     # children, which skip exit handlers) goes with the next queue's sweep.
     Queue(capacity_bytes=4096).close()
-    pids = {f"ec.{p.pid}-" for p in procs}
+    pids = {f"ec.{p.pid}-" for p in [*procs, *([maker] if maker else [])]}
     left = [n for n in os.listdir("/dev/shm") if n[: n.find("-") + 1] in pids]
     if left:
         problems.append(f"left in /dev/shm after a sweep: {left}")
@@ -227,6 +262,8 @@ def run(rounds: int, start_method: str = "fork", seed: int = 0) -> Outcome:
         out.rounds += 1
         if kind == "writer":
             out.writers_killed += 1
-        else:
+        elif kind == "reader":
             out.readers_killed += 1
+        else:
+            out.makers_killed += 1
     return out
