@@ -170,6 +170,7 @@ def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
         ctx.Process(target=reader, args=(q, out, r, done[WRITERS + r])) for r in range(READERS)
     ]
     procs = writers + readers
+    everyone = procs + ([maker] if maker else [])
     victim = maker or rng.choice(writers if kind == "writer" else readers)
     # The kill lands once the victim has put or taken this many objects, a little later.
     at = rng.randrange(PER_WRITER)
@@ -179,7 +180,7 @@ def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
             p.start()
         # (A reader may never take that many: the other one can take most; then the kill
         # lands once every writer is done, while the victim waits in get.)
-        count = done[procs.index(victim) if victim in procs else 0]
+        count = done[procs.index(victim) if victim in procs else 0]  # a maker: writer 0's
         until = time.monotonic() + JOIN_S
         while count.value < at and victim.is_alive() and time.monotonic() < until:
             if not any(w.is_alive() for w in writers):
@@ -220,7 +221,7 @@ def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
     except QueueEmpty:
         return kind, [*problems, "a report or a stop mark waited a whole minute"], True
     finally:
-        for p in [*procs, *([maker] if maker else [])]:
+        for p in everyone:
             if p.is_alive():
                 p.kill()
                 p.join()
@@ -229,7 +230,7 @@ def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
     # What the children left (the victim's side segments, tokens of killed and forked
     # children, which skip exit handlers) goes with the next queue's sweep.
     Queue(capacity_bytes=4096).close()
-    pids = {f"ec.{p.pid}-" for p in [*procs, *([maker] if maker else [])]}
+    pids = {f"ec.{p.pid}-" for p in everyone}
     left = [n for n in os.listdir("/dev/shm") if n[: n.find("-") + 1] in pids]
     if left:
         problems.append(f"left in /dev/shm after a sweep: {left}")
