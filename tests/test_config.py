@@ -307,6 +307,27 @@ def test_attribute_fast_paths_keep_the_rules() -> None:
     assert cfg.count == 10
 
 
+def test_a_subclass_method_name_is_a_key_only_where_no_method_has_it() -> None:
+    # Reads of keys skip the per-class check for names no CfgNode class has; a subclass
+    # made after nodes exist must still keep its own method names, and only its own.
+    base = CN()
+    base["late_method"] = 1
+    assert base.late_method == 1  # no class has that name yet
+
+    class Late(CN):
+        def late_method(self) -> str:
+            return "method"
+
+    node = Late()
+    node["late_method"] = 2
+    assert node.late_method() == "method" and node["late_method"] == 2
+    with pytest.raises(ConfigAttributeError, match=r"cfg\['late_method'\]"):
+        node.late_method = 3
+    assert base.late_method == 1  # the base class has no such method: still the key
+    base.late_method = 4
+    assert base["late_method"] == 4
+
+
 def test_missing_item_is_a_key_error_with_full_path_and_suggestion() -> None:
     cfg = make_cfg()
     with pytest.raises(KeyError) as info:

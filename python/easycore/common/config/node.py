@@ -34,9 +34,14 @@ _MISSING = object()
 # are looked up before the class's attributes, but a key never shadows a class attribute.
 _generic_getattribute = object.__getattribute__
 _dict_contains = dict.__contains__
+_dict_get = dict.get
 _dict_getitem = dict.__getitem__
 _dict_setitem = dict.__setitem__
 _class_names_cache: dict[type, frozenset[str]] = {}
+# The union of every CfgNode class's names (filled as each class is made): a key outside it
+# is no class attribute of any node, so reading or writing it skips the per-class check.
+# Kept in step by ``CfgNode.__init_subclass__``.
+_any_class_names: set[str] = set()
 
 
 def _class_names(cls: type) -> frozenset[str]:
@@ -44,6 +49,7 @@ def _class_names(cls: type) -> frozenset[str]:
     names = _class_names_cache.get(cls)
     if names is None:
         names = _class_names_cache[cls] = frozenset(dir(cls)) | frozenset(dir(type(cls)))
+        _any_class_names.update(names)
     return names
 
 
@@ -94,6 +100,10 @@ class CfgNode(dict[str, Any]):
     (:meth:`set_strict`) refuses new keys, so that a misspelt override is an error. Errors name
     the full key path, e.g. ``MODEL.NUM_CLASSES``.
     """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _class_names(cls)  # its names join _any_class_names before any of its nodes exists
 
     def __init__(self, init_dict: Mapping[str, Any] | None = None, copy: bool = True) -> None:
         """Config Node.
@@ -238,11 +248,14 @@ class CfgNode(dict[str, Any]):
 
     def __getattribute__(self, name: str) -> Any:
         # A key first (no failed class lookup and AttributeError on the way); names of the
-        # class's own attributes keep their meaning.
-        if _dict_contains(self, name):
-            cls = type(self)
-            if name not in (_class_names_cache.get(cls) or _class_names(cls)):
-                return _dict_getitem(self, name)
+        # class's own attributes keep their meaning. A name that no CfgNode class has needs
+        # one dict lookup; only a key named like some class's attribute asks its own class.
+        if name not in _any_class_names:
+            value = _dict_get(self, name, _MISSING)
+            if value is not _MISSING:
+                return value
+        elif _dict_contains(self, name) and name not in _class_names(type(self)):
+            return _dict_getitem(self, name)
         return _generic_getattribute(self, name)
 
     def __getattr__(self, name: str) -> Any:
@@ -257,13 +270,14 @@ class CfgNode(dict[str, Any]):
     def __setattr__(self, name: str, value: Any) -> None:
         # Fast path: a new plain value for an existing key of an unfrozen node (strict mode
         # allows it, the key was checked when it was added).
-        if _dict_contains(self, name) and not isinstance(value, dict):
-            cls = type(self)
-            if name not in (
-                _class_names_cache.get(cls) or _class_names(cls)
-            ) and not _generic_getattribute(self, "__dict__").get(_FROZEN, False):
-                _dict_setitem(self, name, value)
-                return
+        if (
+            (name not in _any_class_names or name not in _class_names(type(self)))
+            and _dict_contains(self, name)
+            and not isinstance(value, dict)
+            and not _generic_getattribute(self, "__dict__").get(_FROZEN, False)
+        ):
+            _dict_setitem(self, name, value)
+            return
         self._check_mutable(name, "set")
         if name in _RESERVED or hasattr(type(self), name):
             raise ConfigAttributeError(
@@ -739,4 +753,5 @@ def _is_binary(stream: Any) -> bool:
     return "b" in str(getattr(stream, "mode", ""))
 
 
+_class_names(CfgNode)
 register_mapping_type(CfgNode)
