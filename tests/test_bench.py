@@ -194,16 +194,21 @@ def test_pool_with_the_tuned_chunksize_is_a_system(tmp_path: Path) -> None:
     assert tuned["status"] == "unavailable" and "reads its input ahead" in tuned["detail"]
 
 
-@pytest.mark.parametrize("ordered", [False, True])
-def test_paired_pool_script_runs_and_both_pools_agree(ordered: bool) -> None:
+@pytest.mark.parametrize(
+    ("ordered", "consumer"), [(False, "hooks"), (True, "hooks"), (False, "sum"), (True, "collect")]
+)
+def test_paired_pool_script_runs_and_both_pools_agree(ordered: bool, consumer: str) -> None:
     # scripts/bench_pool_pairs.py (the README's paired figures) checks that both pools give
-    # the same consumer result before it times them, and prints the median ratio.
+    # the same consumer result before it times them, and prints the median ratio and the
+    # calling process's CPU time per item.
     cmd = [sys.executable, str(REPO / "scripts" / "bench_pool_pairs.py"), "--pairs", "1"]
-    cmd += ["--ordered"] if ordered else []
+    cmd += ["--consumer", consumer] + (["--ordered"] if ordered else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "median of 1 pairs" in proc.stdout, proc.stdout
     assert ("imap," if ordered else "imap_unordered,") in proc.stdout
+    assert f"consumer {consumer}:" in proc.stdout
+    assert "calling process CPU per item" in proc.stdout
 
 
 @pytest.mark.parametrize("extra_system", [WrongSystem], indirect=True)
@@ -385,7 +390,9 @@ def run_hooks_inline(w: workloads.Workload, n: int) -> Any:
     return w.hooks.consumer_end(ccfg)
 
 
-@pytest.mark.parametrize("name", ["tiny_unordered", "tiny_ordered", "numpy_1mib", "startup"])
+@pytest.mark.parametrize(
+    "name", ["tiny_unordered", "tiny_ordered", "tiny_collect", "numpy_1mib", "startup"]
+)
 def test_workload_expectations(name: str) -> None:
     w = workloads.WORKLOADS[name]
     n = 7
