@@ -10,9 +10,10 @@ item i+1 only once result i arrived (a feedback loop) would wait forever if the 
 to fill a chunk. The engine's input thread does read item by item and its sender sends
 whatever has arrived. But a Python ``__next__`` per item, wrapping each item in its own work
 item, costs about a microsecond, more than the rest of the pool's path. So an iterator job is
-read in *segments*: a segment is a C-level iterator over the job's own items::
+read in *segments*: a segment is a C-level iterator over the job's own items, cut by
+emptying its gate (``easycore.common.parallel.runs.gated``, which runners use too)::
 
-    map(itemgetter(1), zip(iter(gate), job.it))
+    map(itemgetter(1), zip(gate, job.it))
 
 handed to the engine's input thread as a *run* (:meth:`Feed.next_run`, the engine's
 ``RunSource``). The engine pulls a run in with one ``list.extend``: no Python frame per item.
@@ -47,11 +48,12 @@ segment of one premade item.
 from __future__ import annotations
 
 import itertools
-import operator
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
+
+from easycore.common.parallel.runs import gated
 
 if TYPE_CHECKING:
     from easycore.parallel.job import _Job
@@ -65,7 +67,6 @@ _WorkResult: TypeAlias = tuple[int, int, bool, Any]
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of a work item
 _TICK = 0.1  # seconds between checks while the feed waits for work
 _HEALTH_EVERY_S = 0.005  # at most this often, the feed asks whether a worker died
-_second = operator.itemgetter(1)
 # Most items in one segment: its gate list is allocated whole, and a segment that a submit
 # cuts early would waste the rest (a few µs of bookkeeping per segment is nothing at this size).
 _SEGMENT_MAX = 16384
@@ -81,8 +82,8 @@ class _Segment:
         self.job = job  # None: a premade work item (a task, or a chunk made by the feed)
         self.index = index  # the job's input index of its first item
         self.n = n  # most items it may read
-        # Emptied to cut the segment between two items (zip asks gate, then the input).
-        self.gate: list[None] | None = [None] * n if job is not None else None
+        # Emptied to cut the segment between two items (see runs.gated); set when it is read.
+        self.gate: list[None] | None = None
         self.cut = False
 
 
@@ -142,13 +143,12 @@ class Feed:
             ahead = min(job.window, job.room[0]) - (index - job.consumed)
             if job.it is not None and job.chunksize is None:
                 seg = _Segment(self.pos, job, index, max(1, min(ahead, _SEGMENT_MAX, limit)))
+                run, seg.gate = gated(job.it, seg.n)
                 self.segs.append(seg)  # registered before the engine sees its first item
                 self.reading = seg
                 if cuts != pool._cuts or job.closed:
                     self.cut()  # something asked for a cut since _choose looked
-                # the gate holds n entries: zip stops when it ends, before reading the input
-                read = zip(iter(seg.gate), job.it, strict=False)  # type: ignore[arg-type]
-                return map(_second, read)
+                return run
             # A range/list/tuple is sliced; an iterator with a chunksize waits to fill one.
             auto = pool._auto_chunk(job) if job.seq is not None else 1
             size = max(1, min(job.chunksize or auto, ahead))

@@ -9,7 +9,8 @@ Data path of one call (``runner(data)``)::
 * One thread receives results (the consumer thread, or the caller's thread for ``imap``) and
   also sends the input, whenever it runs: nothing waits to fill a batch. A ``range``, list
   or tuple is sliced in place. Any other iterable is read by a helper thread
-  ("easycore-input") into a buffer bounded by the window: the sender takes whatever is
+  ("easycore-input") into a buffer bounded by the window, a run of items per
+  ``list.extend`` (``runs.py``): the sender takes whatever is
   there, so fast inputs travel in large batches and a slow or feedback input (item i+1
   exists only once result i arrived) is sent item by item, at once. When nothing is in
   flight and the receiver sleeps, the reader sends a new item itself; otherwise it wakes
@@ -25,7 +26,6 @@ Data path of one call (``runner(data)``)::
 from __future__ import annotations
 
 import copy
-import itertools
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -35,6 +35,7 @@ from easycore._core import ReorderBuffer
 from easycore.common.parallel import leases, wire
 from easycore.common.parallel import worker as _worker
 from easycore.common.parallel.remote_errors import call_hook, hook_error, worker_error
+from easycore.common.parallel.runs import IteratorRuns
 from easycore.common.parallel.stats import RunnerStats
 from easycore.errors import (
     EasycoreError,
@@ -147,6 +148,8 @@ class Call:
         # on tiny items.
         self.buf: list[Any] = []
         self.buf_off = 0
+        if runs is None and self.it is not None and read_ahead:
+            runs = IteratorRuns(self.it)  # a runner's iterator input, read in runs too
         self.runs_compact = runs is not None and self.it is not None and read_ahead
         self.reader: threading.Thread | None = None
         self.read_ahead = read_ahead  # False: the receiving thread reads, one item at a time
@@ -224,43 +227,13 @@ class Call:
             tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
             self.bar = tqdm.tqdm(total=self.total, unit="item", desc=type(self.runner).__name__)
         if self.it is not None and self.read_ahead:
-            target = self._read if self.runs is None else self._read_runs
-            self.reader = threading.Thread(target=target, name="easycore-input", daemon=True)
+            self.reader = threading.Thread(
+                target=self._read_runs, name="easycore-input", daemon=True
+            )
             self.threads.append(self.reader)
             self.reader.start()
 
     # ----- reading (a helper thread, for inputs other than range/list/tuple) -----
-
-    def _read(self) -> None:
-        it = self.it
-        assert it is not None  # started only for an iterator input
-        append = self.buf.append
-        attention = self.attention  # tested once per item: a list's length, no attribute
-        read = 0
-        try:
-            while not self.abort:
-                step = self._wait_for_room(read)  # a few batches at most
-                if step <= 0:
-                    continue  # aborted
-                got = 0
-                # islice pulls one item at a time: nothing is held back while next() blocks.
-                # (This loop in Rust would be 60 ns an item faster, but a Rust frame under a
-                # daemon thread blocked in the user's iterator makes the interpreter abort at
-                # exit: see src/python/detach.rs.)
-                for got, x in enumerate(itertools.islice(it, step), 1):  # noqa: B007
-                    append(x)
-                    if attention:
-                        if self.abort:
-                            return
-                        self._input_arrived()
-                read += got
-                if got < step:
-                    break  # the input is over
-        except BaseException as e:  # noqa: BLE001 - raised in the receiving thread
-            self.input_error = e
-        finally:
-            self.reader_done = True
-            self._input_arrived()
 
     def _room(self, read: int) -> int:
         """Items the reader may read now (``read``: read so far): within the window (items
@@ -303,9 +276,11 @@ class Call:
             self.reader_done = True
 
     def _read_runs(self) -> None:
-        """``_read`` for a :class:`RunSource`: a run at a time, each pulled in by one
-        ``list.extend`` (no Python frame per item) while the receiving thread does not wait
-        on each item; while it does, item by item as ``_read`` does. If it starts to wait
+        """The input thread (an iterator input, ``read_ahead``): the :class:`RunSource`
+        (the pool's feed, or :class:`~easycore.common.parallel.runs.IteratorRuns` over a
+        runner's input) a run at a time, each pulled in by one ``list.extend`` (no Python
+        frame per item) while the receiving thread does not wait on each item; while it
+        does, item by item, waking the receiver as each comes. If it starts to wait
         during an extend, it cuts the run (:meth:`RunSource.cut`): the extend ends after
         the item being read, and the receiver is woken. Race-free: the reader announces
         ``bulk`` before it looks at ``attention``; the receiver sets ``attention`` before
