@@ -105,6 +105,60 @@ def test_input_is_read_lazily_and_in_flight_stays_within_window():
     assert max(lag) <= 32 + 1
 
 
+def test_the_default_window_grows_for_cheap_items_only():
+    # By default a runner keeps at least its floor of items in flight (256 per producer per
+    # unit of queue_scale: 25 here) and more only once items are known to be cheap, so a
+    # slow job does not read its input far ahead while tiny items travel in large batches.
+    read: list[int] = []
+    delivered: list[int] = []
+    lag: list[int] = []
+
+    class Watch(rd.Collect):
+        @staticmethod
+        def producer_work(device, cfg, data):
+            if cfg.get("sleep"):
+                time.sleep(cfg.sleep)
+            return data
+
+        @staticmethod
+        def consumer_work(cfg, data):
+            delivered.append(data)
+            cfg.out.append(data)
+
+    def gen(n):
+        for i in range(n):
+            read.append(i)
+            lag.append(len(read) - len(delivered))  # in flight, as the test above counts
+            yield i
+
+    def run(r, n):
+        read.clear(), delivered.clear(), lag.clear()
+        assert r(gen(n)) == list(range(n))
+        return max(lag)
+
+    with Watch(devices=2, queue_scale=0.05, cfg={"sleep": 0.005}, start_method="fork") as r:
+        floor = r._window_floor
+        assert floor == 25 and r._window == 65536
+        run(r, 40)  # learns that items are slow
+        assert run(r, 150) <= floor + 1
+    with Watch(devices=2, queue_scale=0.05, start_method="fork") as r:
+        run(r, 20_000)  # learns that items are cheap
+        assert run(r, 50_000) > 4 * floor
+        assert r.stats.items / r.stats.batches > floor  # batches beyond the floor's quarter
+
+
+def test_an_ordered_runner_reuses_its_reorder_buffer_only_while_it_is_empty():
+    with rd.Collect(devices=2, start_method="fork") as r:
+        assert r(range(100)) == list(range(100))
+        rb = r._reorder
+        assert rb is not None and len(rb) == 0
+        assert r(iter(range(500))) == list(range(500))
+        assert r._reorder is rb  # reused: the call numbered its batches from rb.next_seq
+        rb.push(rb.next_seq + 1, "left over")  # as a failed call can leave a result in it
+        assert r(range(50)) == list(range(50))
+        assert r._reorder is not rb and len(r._reorder) == 0
+
+
 def test_large_results_bound_items_in_flight_by_bytes():
     import numpy as np
 

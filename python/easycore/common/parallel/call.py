@@ -168,12 +168,13 @@ class Call:
         self.send_error: BaseException | None = None
         self.send_lock = threading.Lock()
         self.in_full = False
-        self.window = runner._window
+        self.window = runner._window  # the most items in flight (see _window_now)
+        self.window_floor = runner._window_floor
         self.n = len(runner._devices)
         self.max_batch = max(1, self.window // (4 * self.n))
-        self.reorder = ReorderBuffer(self.window) if runner._ordered else None
+        self.reorder: ReorderBuffer | None = None  # an ordered runner's, taken in _start
         self.next_item = 0  # index of the next item to send
-        self.next_batch = 0
+        self.next_batch = 0  # sequence number of the next batch (see _start)
         self.pending: tuple[int, int, Any] | None = None  # (seq, n_items, parts) unsent
         # seq -> input items of a sent batch that ``pack`` made into fewer work items (its
         # results, one per work item, stand for that many items); written under send_lock
@@ -208,6 +209,11 @@ class Call:
     def _start(self) -> None:
         """Takes the runner (one call at a time) and starts the clocks and the reader."""
         self.runner._begin(self, self.timeout)
+        if self.runner._ordered:
+            # Only once the call owns the runner: the buffer may be the last call's, reused
+            # (two calls made at once from two threads must not share it).
+            self.reorder = self.runner._reorder_buffer(self.window)
+            self.next_batch = self.reorder.next_seq  # where the buffer expects the next one
         self.threads.append(threading.current_thread())
         self.t0 = time.perf_counter()
         self.last_progress = time.monotonic()
@@ -411,13 +417,18 @@ class Call:
         return max(1, min(bs, self.max_batch))
 
     def _window_now(self) -> int:
-        """Items allowed in flight: ``window``, fewer when items or results are large (the
-        items read ahead wait in this process's memory)."""
+        """Items allowed in flight: ``window``; with the runner's default window, only as
+        many as keep four batches per producer in flight (at least the floor: more only once
+        items are known to be cheap, so a slow input is not read far ahead); fewer when
+        items or results are large (the items read ahead wait in this process's memory)."""
+        window = self.window
+        if self.window_floor < window:
+            window = min(window, max(self.window_floor, 4 * self.n * self._batch_size()))
         largest = max(self.bytes_per_item, self.runner._out_bytes_per_item)
         if largest <= 0:
-            return self.window
+            return window
         by_bytes = int(self.max_inflight_bytes / largest)
-        return max(1, min(self.window, by_bytes))
+        return max(1, min(window, by_bytes))
 
     def _next_items(self) -> Any:
         """The next batch's items (what the window and the buffer allow), or None."""

@@ -31,6 +31,7 @@ from typing import Any
 
 from easycore._core import (
     Queue,
+    ReorderBuffer,
     shm_space,
     sweep_stale_segments,
 )
@@ -63,6 +64,9 @@ from easycore.errors import (
 _START_TIMEOUT = 600.0  # a producer_init taking longer than this is reported as stuck
 _RING_IN = 4 << 20  # ring bytes of the input queue (larger items use side segments)
 _RING_OUT = 8 << 20  # ring bytes of the output queue
+# Most items in flight by default once items are known to be cheap (the pool's default
+# window too): batches of tiny items of up to 65536 / (4 * producers) items.
+_CHEAP_ITEMS_WINDOW = 65536
 _UNGUARDED_MAIN_EXIT = 87  # exit code of a spawned child that re-ran an unguarded script
 
 
@@ -164,8 +168,11 @@ class BaseRunner(RunnerHooks):
             ``"spawn"``. Under spawn and forkserver the runner class must be importable
             (define it at module level; create the runner under
             ``if __name__ == "__main__":``) and ``cfg`` picklable.
-        window (int, optional): most items in flight at once; default
-            ``max(16, int(256 * len(devices) * queue_scale))``.
+        window (int, optional): most items in flight at once. By default
+            ``max(16, int(256 * len(devices) * queue_scale))``, and more once the producers'
+            time per item is known to be small: as many as make four batches of about 4 ms
+            of work per producer, up to 65536 (so tiny items travel in batches of
+            thousands). Items in flight are bounded by bytes as well, either way.
         close_timeout (float): seconds ``close()`` waits for ``producer_end`` before it
             terminates a producer.
         seed (int, optional): producer ``i`` seeds ``random``, numpy and torch (those it has
@@ -211,7 +218,13 @@ class BaseRunner(RunnerHooks):
         else:
             self._start_method, self._start_reason = self._remote.start_method
         n = len(self._devices)
-        self._window = int(window) if window else max(16, int(256 * n * self._queue_scale))
+        # Items in flight. By default at least the floor, and up to _CHEAP_ITEMS_WINDOW once
+        # items are known to be cheap (Call._window_now): batches of tiny items then grow to
+        # thousands (a batch is at most a quarter of the window per producer). A window the
+        # user sets is the window, floor and cap alike.
+        floor = max(16, int(256 * n * self._queue_scale))
+        self._window = int(window) if window else max(floor, _CHEAP_ITEMS_WINDOW)
+        self._window_floor = self._window if window else floor
         if self._window < 1:
             raise InvalidArgument(f"window must be at least 1, got {window!r}")
         if seed is not None and not isinstance(seed, int):
@@ -223,6 +236,9 @@ class BaseRunner(RunnerHooks):
         self._calls = itertools.count(1)
         self._cost_per_item = 0.0  # producer seconds per item, learned across calls
         self._out_bytes_per_item = 0.0  # pickled result bytes per item, likewise
+        # An ordered runner's reorder buffer, kept for the next call while it is empty
+        # (making one of the default window's 65536 slots took ~27 us a call).
+        self._reorder: ReorderBuffer | None = None
         self._lock = threading.Lock()
         self._call_cond = threading.Condition()
         self._active_call: Call | None = None
@@ -504,6 +520,15 @@ class BaseRunner(RunnerHooks):
             "a runner cannot be pickled or sent to another process; create it in the process "
             "that calls it"
         )
+
+    def _reorder_buffer(self, window: int) -> ReorderBuffer:
+        """A reorder buffer of ``window`` slots for a new call: the last call's if it holds
+        nothing (the call numbers its batches from its ``next_seq``), else a new one (a
+        failed call may have left results in it)."""
+        rb = self._reorder
+        if rb is None or len(rb) or rb.window != window:
+            rb = self._reorder = ReorderBuffer(window)
+        return rb
 
     def _active_workers(self) -> LocalWorkers:
         self._check_owner()
