@@ -12,7 +12,7 @@ over a generator of 200k ints), 2 workers each, ``multiprocessing.Pool`` given
 
 * ``hooks`` (default): the bench's consumer hooks, as in ``tiny_unordered``/``tiny_ordered``
   (``cfg.count += 1; cfg.total += x`` on a ``CfgNode``, about 1.2 µs an item on a 2-core VM);
-* ``collect``: the bench's ``tiny_collect`` consumer hooks (``cfg.results.append(x)``);
+* ``collect``: the bench's ``tiny_collect`` consumer hooks (``cfg.data_list.append(x)``);
 * ``sum``: ``sum(results)`` (unordered) or ``tuple(results)`` (ordered), a few ns an item, so
   that what is left in the calling process is the pool's own per-item work.
 

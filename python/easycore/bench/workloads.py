@@ -85,21 +85,26 @@ class SquareSumHooks(BaseHooks):
         return (cfg.count, cfg.total)
 
 
-class SquareCollectHooks(SquareSumHooks):
+class CollectingConsumer(BaseHooks):
+    """Consumer hooks that append every result to ``cfg.data_list`` (the manual's Example 3
+    does this); a subclass says what ``consumer_end`` makes of the list."""
+
+    @staticmethod
+    def consumer_init(cfg: Any) -> None:
+        cfg.data_list = []
+
+    @staticmethod
+    def consumer_work(cfg: Any, data: Any) -> None:
+        cfg.data_list.append(data)
+
+
+class SquareCollectHooks(CollectingConsumer, SquareSumHooks):
     """``x * x`` in the producers; the consumer appends each result to a list, then counts
     and sums them (order-free)."""
 
     @staticmethod
-    def consumer_init(cfg: Any) -> None:
-        cfg.results = []
-
-    @staticmethod
-    def consumer_work(cfg: Any, data: Any) -> None:
-        cfg.results.append(data)
-
-    @staticmethod
     def consumer_end(cfg: Any) -> Any:
-        return (len(cfg.results), sum(cfg.results))
+        return (len(cfg.data_list), sum(cfg.data_list))
 
 
 _FEEDBACK: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -241,7 +246,7 @@ def make_net() -> Any:
     return torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.ReLU())
 
 
-class PredictorHooks(BaseHooks):
+class PredictorHooks(CollectingConsumer):
     """The manual's Example 3: a torch predictor over batches of ints, results in order."""
 
     @staticmethod
@@ -262,14 +267,6 @@ class PredictorHooks(BaseHooks):
     @staticmethod
     def producer_end(device: str, cfg: Any) -> None:
         del cfg.model
-
-    @staticmethod
-    def consumer_init(cfg: Any) -> None:
-        cfg.data_list = []
-
-    @staticmethod
-    def consumer_work(cfg: Any, data: Any) -> None:
-        cfg.data_list.append(data)
 
     @staticmethod
     def consumer_end(cfg: Any) -> Any:
