@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from collections import Counter
 
@@ -332,6 +333,21 @@ def test_hook_error_names_hook_device_item_and_runner_stays_usable():
         with pytest.raises(WorkerError):
             list(r.imap(range(100)))
         assert list(r.imap(range(5))) == list(range(5))
+
+
+def test_a_failed_call_leaves_no_input_thread_running():
+    # A failed call's input thread, still inside a slow input, outlived the call: the next
+    # runner made at once then counted two threads and chose spawn over fork.
+    def slow():
+        for i in range(1000):
+            time.sleep(0.02)
+            yield i
+
+    with rd.Faulty(devices=1, cfg={"bad_item": 0, "mode": "raise"}, start_method="fork") as r:
+        for _ in range(3):
+            with pytest.raises(WorkerError):
+                r(slow())
+            assert [t for t in threading.enumerate() if t.name == "easycore-input"] == []
 
 
 def test_consumer_error_is_reported():

@@ -831,6 +831,7 @@ class Call:
             # It stops within a tick (unless busy in consumer_work); it must not read the
             # output queue while a shutdown collects the producers' goodbyes.
             self.consumer.join(2.0)
+        self._join_reader()
         self._record_stats()
         fatal = isinstance(
             exc, WorkerDiedError | KeyboardInterrupt | SystemExit | RunnerTimeoutError
@@ -857,7 +858,17 @@ class Call:
             s.consumer_wait_s = self.workers.out_q.wait_seconds - self.out_wait0
         self.runner.stats = s
 
+    def _join_reader(self) -> None:
+        """Waits (a tick at most) for the input thread to end: told to stop, it ends after
+        the item being read. Left running, it would also count as a thread in this process
+        when the next runner picks its start method (fork only while one thread runs). An
+        input blocked for longer is left to end on its own (a daemon thread)."""
+        reader = self.reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(TICK)
+
     def _finish(self) -> None:
         self.ended = True
+        self._join_reader()  # done reading: it is only waking the receiver on its way out
         self._record_stats()
         self.runner._end(self)
