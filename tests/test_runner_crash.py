@@ -57,7 +57,7 @@ def main(trials, seed):
     outcomes, latencies = [], []
     for trial in range(trials):
         cls = rnd.choice([Square, OrderedSquare, Big])
-        runner = cls(2)
+        runner = cls(2, start_method="fork")  # its classes live in this -c script
         victim = rnd.choice([p.pid for p in runner._workers.procs])
         stop_first = rnd.random() < 0.4
         killed_at = []
