@@ -10,20 +10,21 @@ Run::
 The index is ``items`` small dicts ``{"path": str, "label": int, "box": (4 floats)}``, the
 shape of a detection data set's index. Every measurement runs in a fresh Python process:
 
-* **tree PSS** (fork; ``none`` is the same runner with an empty index: what the producers
-  and the runner's queues cost whatever the index): the caller builds the index (the plain list as a module global, as a
-  data set object holds it; the frozen one with ``shm.freeze`` from a generator, so the
-  caller never holds the plain list), then a runner starts ``P`` forked producers whose
+* **tree PSS** (fork): the caller builds the index (the plain list as a module global, as
+  a data set object holds it; the frozen one with ``shm.freeze`` from a generator, so the
+  caller never holds the plain list, and then reads every item of it once, so that its
+  pages count in the caller's size), then a runner starts ``P`` forked producers whose
   ``producer_init`` reads every item (three fields of each). The proportional set size of
   the caller and of every process under it (``/proc/<pid>/smaps_rollup``; shared pages are
   divided among the processes mapping them) is summed before the producers start and after
-  they have read everything.
+  they have read everything. ``none`` is the same runner with an empty index: what the
+  producers and the runner's queues cost whatever the index.
 * **random reads per producer** (fork, the same runner): each producer reads ``--reads``
   items at random indices (one field of each) and reports reads per second.
 * **start-up under spawn**: from the runner's construction with the index in ``cfg`` (as
   users write ``cfg={"index": index}``) to the end of a first one-item-per-producer call.
   The plain list is deep-copied into the runner's config and pickled into every producer;
-  the frozen one is a reference of about 120 bytes. The time to freeze is shown apart.
+  the frozen one is a reference of about 130 bytes. The time to freeze is shown apart.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ def run_pss(kind: str, n: int, producers: int, reads: int) -> dict[str, Any]:
     cfg = CfgNode()
     if kind == "frozen":
         cfg = CfgNode({"index": idx})
-        for x in idx:  # the caller reads it too: its pages count in the caller's size
+        for _x in idx:  # the caller reads it too: its pages count in the caller's size
             pass
     else:
         INDEX = idx
@@ -189,7 +190,13 @@ def run_spawn(kind: str, n: int, producers: int) -> dict[str, Any]:
     with Touch(devices=producers, cfg={"index": idx}, start_method="spawn") as r:
         r(range(producers))
         startup = time.perf_counter() - t
-    return {"kind": kind, "items": n, "producers": producers, "build_s": built, "startup_s": startup}
+    return {
+        "kind": kind,
+        "items": n,
+        "producers": producers,
+        "build_s": built,
+        "startup_s": startup,
+    }
 
 
 def child(args: argparse.Namespace) -> None:

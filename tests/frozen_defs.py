@@ -6,7 +6,6 @@ import os
 import signal
 
 import numpy as np
-
 from easycore.common.parallel import UnorderedRunner
 from easycore.parallel import context
 

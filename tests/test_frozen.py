@@ -12,11 +12,10 @@ import textwrap
 
 import numpy as np
 import pytest
-from frozen_defs import DieWhileReading, ReadIndex, describe, init_with, read_context, read_task
-
 from easycore import shm
 from easycore.errors import SerializationError, SharedMemoryError, WorkerDiedError
 from easycore.parallel import Pool
+from frozen_defs import DieWhileReading, ReadIndex, describe, init_with, read_context, read_task
 
 SHM = "/dev/shm"
 PY = sys.executable
@@ -67,9 +66,9 @@ def _same(a, b) -> bool:
     if isinstance(a, dict):
         return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
     if isinstance(a, list | tuple):
-        return (
-            type(a) is type(b) and len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
-        )
+        if type(a) is not type(b) or len(a) != len(b):
+            return False
+        return all(_same(x, y) for x, y in zip(a, b, strict=True))
     return type(a) is type(b) and a == b
 
 
@@ -157,7 +156,8 @@ def test_slicing_indexing_and_iteration():
         assert f[np.int64(3)] == src[3]
         with pytest.raises(TypeError, match="indices"):
             f["3"]
-        for s in [slice(None), slice(3, 9), slice(-5, None), slice(None, None, -3), slice(40, 2, -7)]:
+        cuts = [slice(None), slice(3, 9), slice(-5, None), slice(None, None, -3), slice(40, 2, -7)]
+        for s in cuts:
             got = f[s]
             assert type(got) is list and got == src[s]
         assert list(f) == src and list(reversed(f)) == src[::-1]
@@ -311,9 +311,7 @@ def test_a_runner_reads_frozen_cfg_values(method, frozen_pair):
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("method", METHODS)
-def test_a_pool_takes_frozen_initializer_arguments_task_arguments_and_closures(
-    method, frozen_pair
-):
+def test_a_pool_takes_frozen_initializer_arguments_task_arguments_and_closures(method, frozen_pair):
     index, _ = frozen_pair
     expected_how = "inherited" if method == "fork" else "attached"
     want = [describe(x) for x in index]  # read here (arrays read-only, as in the workers)

@@ -40,7 +40,7 @@ The rules (see ``docs/shm.md``):
 
 Big read-only Python data (a data set's index of millions of dicts) shared by every
 producer with no copy-on-write growth: :func:`freeze`, which returns a :class:`SharedList`
-or a :class:`SharedDict` (see :mod:`easycore.frozen` and ``docs/memory.md``).
+or a :class:`SharedDict` (see :mod:`easycore._frozen` and ``docs/memory.md``).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from easycore._frozen import SharedDict, SharedList, freeze
 from easycore.common.parallel import leases
-from easycore.frozen import SharedDict, SharedList, freeze
 
 __all__ = [
     "SharedDict",
