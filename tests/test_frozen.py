@@ -281,6 +281,62 @@ def test_a_forked_child_reads_the_inherited_mapping_and_never_removes_the_name()
         assert _exists(f.name) and f[5] == {"i": 5}
 
 
+def test_copies_and_configs_share_the_frozen_object():
+    import copy
+
+    from easycore.common.config import CfgNode
+
+    with shm.freeze([1, 2]) as f, shm.freeze({"a": 1}) as d:
+        assert copy.copy(f) is f and copy.deepcopy(f) is f and copy.deepcopy(d) is d
+        cfg = CfgNode({"index": f, "table": d})  # a CfgNode deep-copies its values
+        assert cfg.index is f and cfg.table is d
+        assert copy.deepcopy(cfg).index is f
+
+
+def test_empty_and_iterator_inputs():
+    with shm.freeze([]) as a, shm.freeze({}) as b, shm.freeze(x * 2 for x in range(3)) as c:
+        assert len(a) == 0 and list(a) == [] and a == []
+        assert len(b) == 0 and dict(b) == {} and "k" not in b
+        assert list(c) == [0, 2, 4]
+    with shm.freeze((1, "a")) as t, shm.freeze(range(4)) as r:
+        assert list(t) == [1, "a"] and list(r) == [0, 1, 2, 3]
+
+
+def _mapping_of(name: str) -> str:
+    with open("/proc/self/maps") as f:
+        lines = [line for line in f if line.rstrip().endswith(name)]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_readers_map_the_arena_read_only_and_shared_and_reading_dirties_nothing():
+    with shm.freeze([{"i": i, "s": "x" * 50} for i in range(20_000)]) as f:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                assert sum(x["i"] for x in f) == sum(range(20_000))
+                perms = _mapping_of(f.name).split()[1]
+                with open("/proc/self/smaps") as sm:
+                    text = sm.read()
+                block = text[text.index(f.name) :].split("VmFlags", 1)[0]
+                # a page copied on write would show as Anonymous in the arena's mapping
+                # (tmpfs pages always count as dirty, and as private where one process
+                # maps them: neither is a copy)
+                anon = [ln.split()[1] for ln in block.splitlines() if ln.startswith("Anonymous:")]
+                rss = [ln.split()[1] for ln in block.splitlines() if ln.startswith("Rss:")]
+                ok = perms == "r--s" and anon == ["0"] and int(rss[0]) > 0  # read, not copied
+                os.write(w, b"1" if ok else f"{perms} {anon}".encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        got = os.read(r, 200)
+        os.close(r)
+        os.waitpid(pid, 0)
+        assert got == b"1", got
+        assert _mapping_of(f.name).split()[1] == "r--s"  # the owner's too
+
+
 @pytest.fixture
 def frozen_pair():
     index = shm.freeze(ITEMS)
