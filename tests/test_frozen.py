@@ -420,7 +420,7 @@ needs_private_shm = pytest.mark.skipif(
 )
 
 
-def _in_private_shm(script: str) -> str:
+def _in_private_shm(script: str, size: str = "") -> str:
     """Runs ``script`` in a private mount namespace with a fresh, empty /dev/shm."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     r = subprocess.run(
@@ -429,7 +429,7 @@ def _in_private_shm(script: str) -> str:
             "-m",
             "sh",
             "-c",
-            'mount -t tmpfs -o mode=1777 tmpfs /dev/shm && exec "$0" -c "$1"',
+            f'mount -t tmpfs -o mode=1777{size} tmpfs /dev/shm && exec "$0" -c "$1"',
             PY,
             textwrap.dedent(script),
         ],
@@ -537,5 +537,31 @@ def test_a_hostile_file_under_the_name_is_refused_clearly_and_never_blocks():
         assert list(g) == list(range(100))
         print("ok")
         """
+    )
+    assert out.strip().endswith("ok")
+
+
+@needs_private_shm
+@pytest.mark.timeout(180)
+def test_a_full_dev_shm_is_a_clear_error_and_leaves_nothing():
+    out = _in_private_shm(
+        """
+        import os
+        from easycore import shm
+        from easycore.errors import SharedMemoryError
+
+        try:
+            shm.freeze([b"x" * 100_000 for _ in range(100)])  # 10 MB into 2 MB
+        except SharedMemoryError as e:
+            assert "/dev/shm may be too small" in str(e), str(e)
+        else:
+            raise AssertionError("no error")
+        left = [n for n in os.listdir("/dev/shm") if ".frozen-" in n]
+        assert left == [], left
+        with shm.freeze(list(range(10))) as f:  # what fits still works
+            assert f[9] == 9
+        print("ok")
+        """,
+        size=",size=2m",
     )
     assert out.strip().endswith("ok")
