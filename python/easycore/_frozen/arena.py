@@ -28,7 +28,7 @@ import struct
 import sys
 import weakref
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, NoReturn
 
 from easycore.errors import SerializationError, SharedMemoryError
@@ -292,7 +292,7 @@ def _plain(x: Any, depth: int = 0) -> bool:
     return False
 
 
-def _encode(item: Any, out: _Writer, where: str) -> tuple[int, bool]:
+def _encode(item: Any, out: _Writer, r: int, where: Callable[[int], str]) -> tuple[int, bool]:
     """Writes one record (its out-of-band buffers first); returns (offset, is marshal)."""
     if _plain(item):
         try:
@@ -304,7 +304,7 @@ def _encode(item: Any, out: _Writer, where: str) -> tuple[int, bool]:
         data = pickle.dumps(item, protocol=5, buffer_callback=buffers.append)
     except Exception as e:
         raise SerializationError(
-            f"freeze: {where} ({type(item).__name__}) cannot be stored: {e}"
+            f"freeze: {where(r)} ({type(item).__name__}) cannot be stored: {e}"
         ) from e
     if not buffers:
         return out.write(b"\x01" + data), False
@@ -335,8 +335,11 @@ def decode(mv: memoryview, a: int, b: int) -> Any:
     return ploads(mv[p:b], buffers=bufs)
 
 
-def build(kind: int, records: Iterable[tuple[Any, str]], table: array[int] | None) -> Arena:
-    """Writes ``records`` (item, description) and ``table`` into a new arena and maps it."""
+def build(
+    kind: int, records: Iterable[Any], table: array[int] | None, where: Callable[[int], str]
+) -> Arena:
+    """Writes ``records`` and ``table`` into a new arena and maps it; ``where(r)`` names
+    record ``r`` in an error."""
     me = _identity()
     for _ in range(8):
         name = f"ec.{me}.frozen-{secrets.token_hex(16)}"
@@ -355,8 +358,8 @@ def build(kind: int, records: Iterable[tuple[Any, str]], table: array[int] | Non
         out.write(bytes(_HEADER_SIZE))
         offsets = array("Q")
         all_marshal = True
-        for item, where in records:
-            at, is_marshal = _encode(item, out, where)
+        for r, item in enumerate(records):
+            at, is_marshal = _encode(item, out, r, where)
             offsets.append(at)
             all_marshal = all_marshal and is_marshal
         offsets.append(out.pos)

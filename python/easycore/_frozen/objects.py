@@ -398,13 +398,16 @@ def freeze(obj: Iterable[Any] | Mapping[Any, Any]) -> SharedList | SharedDict:
         keys = list(obj.keys())
         table = table_for(keys)
 
-        def entries() -> Iterator[tuple[Any, str]]:
+        def entries() -> Iterator[Any]:
             for k in keys:
-                yield k, f"dict key {k!r:.80}"
-                yield obj[k], f"the value of key {k!r:.80}"
+                yield k
+                yield obj[k]
 
-        return SharedDict(build(KIND_DICT, entries(), table))
+        def where(r: int) -> str:
+            k = keys[r // 2]
+            return f"the value of key {k!r:.80}" if r % 2 else f"dict key {k!r:.80}"
+
+        return SharedDict(build(KIND_DICT, entries(), table, where))
     if not isinstance(obj, Iterable):
         raise TypeError(f"freeze() takes a sequence or a mapping, not {type(obj).__name__}")
-    items = ((x, f"item [{i}]") for i, x in enumerate(obj))
-    return SharedList(build(KIND_LIST, items, None))
+    return SharedList(build(KIND_LIST, obj, None, lambda r: f"item [{r}]"))
