@@ -40,6 +40,7 @@ DOCS = [
     "docs/bench.md",
     "docs/pool.md",
     "docs/shm.md",
+    "docs/memory.md",
 ]
 
 # (document, first words of the block) -> why it does not run here

@@ -37,6 +37,10 @@ The rules (see ``docs/shm.md``):
 * Outside a producer (without ``runner=``), below the pool's threshold (``pool_min``,
   256 KiB by default), or when the pool is full, these return ordinary private arrays, which
   take today's one-copy path; they never wait for room.
+
+Big read-only Python data (a data set's index of millions of dicts) shared by every
+producer with no copy-on-write growth: :func:`freeze`, which returns a :class:`SharedList`
+or a :class:`SharedDict` (see :mod:`easycore._frozen` and ``docs/memory.md``).
 """
 
 from __future__ import annotations
@@ -46,9 +50,19 @@ from typing import Any
 
 import numpy as np
 
+from easycore._frozen import SharedDict, SharedList, freeze
 from easycore.common.parallel import leases
 
-__all__ = ["empty", "empty_like", "is_shared", "zeros", "zeros_like"]
+__all__ = [
+    "SharedDict",
+    "SharedList",
+    "empty",
+    "empty_like",
+    "freeze",
+    "is_shared",
+    "zeros",
+    "zeros_like",
+]
 
 
 def _shape(shape: Any) -> tuple[int, ...]:
