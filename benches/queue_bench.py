@@ -1,4 +1,4 @@
-"""Side-by-side benchmark of ``easycore._core.Queue`` between two processes (issue 2).
+"""Side-by-side benchmark of ``easycore._core.Queue`` between two processes.
 
 Run::
 

@@ -198,9 +198,9 @@ def test_pool_with_the_tuned_chunksize_is_a_system(tmp_path: Path) -> None:
     ("ordered", "consumer"), [(False, "hooks"), (True, "hooks"), (False, "sum"), (True, "collect")]
 )
 def test_paired_pool_script_runs_and_both_pools_agree(ordered: bool, consumer: str) -> None:
-    # scripts/bench_pool_pairs.py (the README's paired figures) checks that both pools give
-    # the same consumer result before it times them, and prints the median ratio and the
-    # calling process's CPU time per item.
+    # scripts/bench_pool_pairs.py (the paired figures in docs/performance.md) checks that
+    # both pools give the same consumer result before it times them, and prints the median
+    # ratio and the calling process's CPU time per item.
     cmd = [sys.executable, str(REPO / "scripts" / "bench_pool_pairs.py"), "--pairs", "1"]
     cmd += ["--consumer", consumer] + (["--ordered"] if ordered else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=280, cwd=REPO)

@@ -1,4 +1,4 @@
-"""CfgNode and HierarchicalCfgNode under hostile or careless input (issue 15): clear errors
+"""CfgNode and HierarchicalCfgNode under hostile or careless input: clear errors
 that name the file and line, nothing executed, memory bounded by a documented limit."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from easycore.common.config import (
 
 
 def alias_bomb(levels: int, fan: int = 9, flow: str = "{}") -> str:
-    """``levels`` of anchors, each aliasing the one before ``fan`` times (as in issue 15)."""
+    """``levels`` of anchors, each aliasing the one before ``fan`` times."""
     open_, close = flow
     lines = ["a0: &a0 {x: 1}"]
     for i in range(1, levels + 1):

@@ -59,6 +59,10 @@ SKIP = {
     ("docs/paths.md", "import os\nfrom easycore.common.path import file_lock"): "placeholder "
     "paths (/path/to/...)",
     ("docs/bench.md", "# mypkg/jobs.py"): "a template for the reader's own runner",
+    ("README.md", "from easycore.common.parallel import OrderedRunner\nfrom easycore.parallel"): (
+        "starts a Ray instance; the same code runs in docs/ray.md, which tests/test_ray.py "
+        "runs on its local cluster"
+    ),
 }
 
 
@@ -235,6 +239,24 @@ def test_skip_list_names_real_blocks() -> None:
         assert any(b.code.startswith(start) for b in blocks(doc)), (doc, start)
 
 
+def test_doc_references_name_real_files() -> None:
+    """Every relative Markdown link, and every document named in backticks (`docs/pool.md`,
+    or `pool.md` from another doc), in the README and the docs names a file that exists."""
+    missing = []
+    docs = sorted(p.relative_to(REPO).as_posix() for p in REPO.glob("docs/*.md"))
+    for doc in ["README.md", *docs]:
+        text = (REPO / doc).read_text()
+        here = (REPO / doc).parent
+        refs = [m.split("#")[0] for m in re.findall(r"\]\(([^)\s]+)\)", text)]
+        refs = [r for r in refs if r and "://" not in r and not r.startswith("mailto:")]
+        named = re.findall(r"`((?:docs/)?[\w-]+\.md)`", text)
+        for ref in refs + named:
+            base = REPO if ref.startswith("docs/") else here
+            if not (base / ref).exists():
+                missing.append(f"{doc}: {ref}")
+    assert not missing, missing
+
+
 def test_readme_quick_start(tmp_path: Path) -> None:
     (quick,) = [b for b in blocks("README.md") if b.lang == "python"][:1]
     script = tmp_path / "quickstart.py"
@@ -253,6 +275,43 @@ def test_readme_quick_start(tmp_path: Path) -> None:
     assert lines[1] == str(sum(i * i for i in range(10**6)))
     assert lines[2:12] == [str(i * i) for i in range(10)]
     assert "bottleneck" in lines[12].lower() or lines[12]  # stats.bottleneck() prints a line
+
+
+def _printed_claims(code: str) -> list[str]:
+    """What the ``print(...)  # <a Python literal>`` lines of ``code`` claim to print."""
+    claims = []
+    for n, comment in _comments(code).items():
+        if "print(" not in code.splitlines()[n - 1]:
+            continue
+        with contextlib.suppress(ValueError, SyntaxError):
+            claims.append(str(ast.literal_eval(comment)))
+    return claims
+
+
+@pytest.mark.timeout(900)
+def test_readme_examples_run_as_scripts(tmp_path: Path) -> None:
+    """The README's other examples (pool, queue, shm, config...) run as the scripts they are
+    (they start processes under ``if __name__ == "__main__":``), and print what they say."""
+    ran = checked = 0
+    for b in [b for b in blocks("README.md") if b.lang == "python"][1:]:
+        if skip_reason(b):
+            continue
+        script = tmp_path / f"readme_{b.line}.py"
+        script.write_text(b.code)
+        proc = subprocess.run(
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, f"README.md:{b.line}: {proc.stderr}"
+        lines = proc.stdout.splitlines()
+        for claim in _printed_claims(b.code):
+            assert claim in lines, f"README.md:{b.line}: {claim!r} not in {lines!r}"
+            checked += 1
+        ran += 1
+    assert ran >= 4 and checked >= 3, (ran, checked)
 
 
 if __name__ == "__main__":

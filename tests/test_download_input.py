@@ -1,4 +1,4 @@
-"""Downloads under bad input (issue 15): nothing left behind, no escape from the target folder,
+"""Downloads under bad input: nothing left behind, no escape from the target folder,
 no password in any message, clear errors for malformed URLs and stalls.
 
 Every server is the local one on 127.0.0.1 (never the internet).

@@ -140,7 +140,7 @@ def test_released_when_holder_is_killed(tmp_path):
         assert lock.locked
 
 
-# ---------------------------------------------------------------- issue 15: bad input, threads
+# ---------------------------------------------------------------- bad input, threads
 
 
 def test_one_object_shared_by_threads_waits(tmp_path):

@@ -1,4 +1,4 @@
-"""The queue's crash model, tested by killing processes (issue 11): random SIGKILL/SIGSTOP
+"""The queue's crash model, tested by killing processes: random SIGKILL/SIGSTOP
 torture, zombies and stopped lock holders, owners that die, other PID namespaces, and bad
 arguments or corrupt segments that must be clear errors, never a crash."""
 

@@ -1,4 +1,4 @@
-"""The benchmark's latency workload and imap form (issue 12, item 3)."""
+"""The benchmark's latency workload and imap form."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Runners under producer deaths at random instants (issue 11): a producer SIGKILLed, or
+"""Runners under producer deaths at random instants: a producer SIGKILLed, or
 SIGSTOPped and then killed, in the middle of a call with many tiny items must always end in
 WorkerDiedError, never a hang, however often it is tried."""
 

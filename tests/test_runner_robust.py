@@ -1,4 +1,4 @@
-"""Issue 12: runners that never give a wrong answer or stall.
+"""Runners that never give a wrong answer or stall.
 
 Anything that could hang runs in a child script under a hard time limit, or waits on its
 input with a timeout of its own, so a regression fails instead of hanging the suite.
@@ -679,7 +679,7 @@ def test_nested_runner_in_producer_work_closes_promptly():
     assert out.stdout.split("\n")[:3] == [want] * 3, out.stderr
 
 
-# ----- issue 11 item 7: a full /dev/shm is reported as such -----
+# ----- a full /dev/shm is reported as such -----
 
 
 def test_shared_memory_failure_in_a_producer_is_reported_not_a_death():

@@ -727,7 +727,7 @@ fn counters_a_dead_holder_left_wrong_are_rebuilt() {
     q.put(1, 0, &[b"x"], None).unwrap();
     get(&q, None).unwrap();
     let h = q.hdr();
-    // As the issue found: a counter wrapped by a death between two stores.
+    // A counter wrapped by a death between two stores.
     h.pending.store(u64::MAX, Ordering::Relaxed);
     h.n_msgs.store(u64::MAX, Ordering::Relaxed);
     let g = ghost(&q, 0x3333_3333);

@@ -1,7 +1,7 @@
 """Multi-process runners on easycore's Rust shared-memory core.
 
 Subclass :class:`UnorderedRunner` or :class:`OrderedRunner`, override the static hooks, and
-call the runner on any iterable. See the README's architecture section for the data path.
+call the runner on any iterable. See docs/architecture.md for the data path.
 Inside producer hooks, :func:`worker_info` says which producer runs (index, number of
 producers, device, seed).
 """
