@@ -410,6 +410,58 @@ impl QueueTag {
     }
 }
 
+/// Queue tokens this process holds (`fd`, -1: a free entry, -2: an entry being filled) and
+/// their tags, so that a process about to end at once ([`release_queue_holds`], before
+/// `_exit`) can let go of them and remove the names of queues it was the last to use. Fixed
+/// arrays of atomics rather than a mutex: a fork may land anywhere.
+const HOLDS: usize = 256;
+static HOLD_FDS: [AtomicI32; HOLDS] = [const { AtomicI32::new(-1) }; HOLDS];
+static HOLD_TAGS: [AtomicU64; HOLDS] = [const { AtomicU64::new(0) }; HOLDS];
+
+fn note_hold(tag: QueueTag, fd: libc::c_int) {
+    for (f, t) in HOLD_FDS.iter().zip(&HOLD_TAGS) {
+        if f.compare_exchange(-1, -2, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            t.store(tag.0, Ordering::Relaxed);
+            f.store(fd, Ordering::Release);
+            return;
+        }
+    }
+    // More than HOLDS queues at once: this one is only left to the sweep if we _exit.
+}
+
+fn forget_hold(fd: libc::c_int) {
+    for f in &HOLD_FDS {
+        if f.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return;
+        }
+    }
+}
+
+/// Closes every queue-token descriptor this process holds and returns their tags. Only for a
+/// process that ends right after (a watchdog before `_exit`): the queue handles that own the
+/// descriptors must never run again. The caller then removes the names of the queues nobody
+/// holds any more ([`crate::shm::leave_queues`]).
+pub fn release_queue_holds() -> Vec<QueueTag> {
+    let mut tags = Vec::new();
+    for (f, t) in HOLD_FDS.iter().zip(&HOLD_TAGS) {
+        let fd = f.load(Ordering::Acquire);
+        if fd >= 0
+            && f.compare_exchange(fd, -1, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+        {
+            tags.push(QueueTag(t.load(Ordering::Relaxed)));
+            // SAFETY: the descriptor was registered by a live QueueToken of this process; the
+            // caller ends the process before that token could close it again.
+            unsafe { libc::close(fd) };
+        }
+    }
+    tags
+}
+
 /// A process's hold on a queue's token, `ec.q<tag>.live`: a *shared* `flock`, held by every
 /// process that has a handle on the queue (the creator and everyone who attached, and forked
 /// children of theirs, which share the lock through the inherited descriptor). The sweep
@@ -424,21 +476,32 @@ impl QueueTag {
 #[derive(Debug)]
 pub struct QueueToken {
     tag: QueueTag,
-    /// Held for its shared lock; closing it lets go.
-    _lock: OwnedFd,
+    /// Held for its shared lock; closing it lets go. Listed in the process's holds while open.
+    fd: OwnedFd,
+}
+
+impl Drop for QueueToken {
+    fn drop(&mut self) {
+        forget_hold(self.fd.as_raw_fd()); // then `fd` closes
+    }
 }
 
 impl QueueToken {
-    /// A new queue tag and its token, held shared.
-    pub fn create() -> Result<QueueToken> {
+    /// A new queue tag and its token, held shared. The token's content is the creator's tag
+    /// (`<pid>-<nonce>`), for diagnostics and leak checks only: nothing trusts it.
+    pub fn create(creator: Identity) -> Result<QueueToken> {
         for _ in 0..64 {
             let tag = QueueTag(trust::random_u64().map_err(|e| CoreError::Io {
                 context: "getrandom for a queue name".into(),
                 source: e,
             })?);
             let path = trust::c_path(&tag.token_path()).expect("no NUL in a token path");
-            let fd = match trust::create_own(&path) {
-                Ok(fd) => fd,
+            // Created and registered in one section: a child forked in between would hold an
+            // unknown copy of the descriptor, keeping the queue's names alive.
+            let made =
+                trust::unsplit(|| trust::create_own(&path).map(|fd| QueueToken::held(tag, fd)));
+            let token = match made {
+                Ok(t) => t,
                 Err(e) if e.raw_os_error() == Some(libc::EEXIST) => continue,
                 Err(e) => {
                     return Err(CoreError::Io {
@@ -447,12 +510,15 @@ impl QueueToken {
                     })
                 }
             };
-            if trust::flock_within(fd.as_raw_fd(), libc::LOCK_SH, LOCK_WAIT)
-                && trust::still_named(fd.as_raw_fd(), &path)
-            {
-                return Ok(QueueToken { tag, _lock: fd });
+            let fd = token.fd.as_raw_fd();
+            let who = creator.tag();
+            // SAFETY: writes `who` (a local string) into our new file; a short write only
+            // shortens a diagnostic.
+            unsafe { libc::pwrite(fd, who.as_ptr().cast(), who.len(), 0) };
+            if trust::flock_within(fd, libc::LOCK_SH, LOCK_WAIT) && trust::still_named(fd, &path) {
+                return Ok(token);
             }
-            if trust::still_named(fd.as_raw_fd(), &path) {
+            if trust::still_named(fd, &path) {
                 // SAFETY: valid C string naming our own file.
                 unsafe { libc::unlink(path.as_ptr()) };
             }
@@ -475,25 +541,33 @@ impl QueueToken {
             ),
             source: std::io::Error::from_raw_os_error(libc::ENOENT),
         };
-        match trust::open_own(&c, libc::O_RDONLY) {
-            Opened::Ours(fd, _) => {
-                if trust::flock_within(fd.as_raw_fd(), libc::LOCK_SH, LOCK_WAIT)
-                    && trust::still_named(fd.as_raw_fd(), &c)
-                {
-                    Ok(QueueToken { tag, _lock: fd })
+        match trust::unsplit(|| match trust::open_own(&c, libc::O_RDONLY) {
+            Opened::Ours(fd, _) => Ok(QueueToken::held(tag, fd)),
+            other => Err(other),
+        }) {
+            Ok(token) => {
+                let fd = token.fd.as_raw_fd();
+                if trust::flock_within(fd, libc::LOCK_SH, LOCK_WAIT) && trust::still_named(fd, &c) {
+                    Ok(token)
                 } else {
                     Err(gone())
                 }
             }
-            Opened::Missing => Err(gone()),
-            Opened::NotOurs(why) => Err(CoreError::BadSegment(format!(
+            Err(Opened::Ours(..)) => unreachable!(),
+            Err(Opened::Missing) => Err(gone()),
+            Err(Opened::NotOurs(why)) => Err(CoreError::BadSegment(format!(
                 "{path} is {why}; refusing it (another user may have planted it)"
             ))),
-            Opened::Failed(e) => Err(CoreError::Io {
+            Err(Opened::Failed(e)) => Err(CoreError::Io {
                 context: format!("opening the queue token {path}"),
                 source: e,
             }),
         }
+    }
+
+    fn held(tag: QueueTag, fd: OwnedFd) -> QueueToken {
+        note_hold(tag, fd.as_raw_fd());
+        QueueToken { tag, fd }
     }
 
     /// The queue's tag.
@@ -630,7 +704,7 @@ mod tests {
     fn tokens_are_0600_and_nobody_else_may_open_them() {
         let id = me().unwrap();
         assert_eq!(shm_mode(&id.token_path()) & 0o777, 0o600);
-        let q = QueueToken::create().unwrap();
+        let q = QueueToken::create(me().unwrap()).unwrap();
         assert_eq!(shm_mode(&q.tag().token_path()) & 0o777, 0o600);
     }
 
@@ -714,7 +788,7 @@ mod tests {
 
     #[test]
     fn a_queue_token_lives_while_any_party_holds_it() {
-        let a = QueueToken::create().unwrap();
+        let a = QueueToken::create(me().unwrap()).unwrap();
         let tag = a.tag();
         let b = QueueToken::join(tag).unwrap();
         assert!(LastHold::take(tag).is_none(), "held shared by two");
@@ -734,7 +808,7 @@ mod tests {
     fn a_sweeper_removing_a_fresh_token_never_leaves_its_maker_without_one() {
         // Many makers race a burier that removes whatever token it finds unlocked.
         for _ in 0..20 {
-            let q = QueueToken::create().unwrap();
+            let q = QueueToken::create(me().unwrap()).unwrap();
             let path = q.tag().token_path();
             assert!(std::path::Path::new(&path).exists());
             // A burier cannot take a held token.

@@ -381,6 +381,17 @@ pub fn sweep_pids(pids: &[u32]) -> usize {
     sweep(|o| matches!(o, Owner::Process(id) if pids.contains(&id.pid)))
 }
 
+/// For a process that ends right after (a watchdog before `_exit`): lets go of every queue
+/// this process holds and removes the names of those that no process holds any more. Returns
+/// how many names were removed.
+pub fn leave_queues() -> usize {
+    let tags = liveness::release_queue_holds();
+    if tags.is_empty() {
+        return 0;
+    }
+    sweep(|o| matches!(o, Owner::Queue(t) if tags.contains(&t)))
+}
+
 /// Removes segments (and liveness tokens) left in `/dev/shm` by owners that are dead, and the
 /// names of queues that no process uses any more. Live processes in other PID namespaces that
 /// share `/dev/shm` (their tokens are held), names of other formats, and anything that is not
@@ -583,7 +594,7 @@ mod tests {
 
     #[test]
     fn the_sweep_keeps_a_queue_s_names_while_a_party_holds_its_token() {
-        let q = liveness::QueueToken::create().unwrap();
+        let q = liveness::QueueToken::create(liveness::me().unwrap()).unwrap();
         let tag = q.tag().tag();
         let seg = Segment::create_tagged(4096, &tag).unwrap();
         seg.forget_name();

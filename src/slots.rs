@@ -613,4 +613,16 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn slot_names_end_with_a_keyed_hash() {
+        let q = "/ec.q0123456789abcdef.0011223344556677";
+        let a = slot_name(q, 1, 3, 7);
+        assert!(a.starts_with(&format!("{q}.3.7.")), "{a}");
+        assert_eq!(a.rsplit('.').next().unwrap().len(), 16);
+        assert_eq!(a, slot_name(q, 1, 3, 7), "the same for every process");
+        assert_ne!(a, slot_name(q, 2, 3, 7), "another key, another name");
+        assert_ne!(a, slot_name(q, 1, 3, 8));
+        assert_ne!(a, slot_name(q, 1, 4, 7));
+    }
 }

@@ -90,7 +90,8 @@ fn retire_identity() {
 }
 
 /// Starts a watchdog thread that waits (without polling) for the death of the process
-/// `owner_tag`, then removes the shared memory it left and ends this process at once with
+/// `owner_tag`, then removes the shared memory it left (and that of the queues this process
+/// was the last to use) and ends this process at once with
 /// `exit_code` (`_exit`: no Python code runs). For processes that must not outlive their
 /// parent, whatever kills it. Returns immediately.
 #[pyfunction]
@@ -104,6 +105,9 @@ fn exit_when_dead(owner_tag: &str, exit_code: i32) -> PyResult<()> {
             block_all_signals();
             crate::liveness::wait_for_death(id);
             crate::shm::sweep_owner(id);
+            // This process ends now, without dropping its queues: let go of them, and remove
+            // the names of those it was the last to use.
+            crate::shm::leave_queues();
             // SAFETY: _exit ends the process at once; nothing of ours needs to run.
             unsafe { libc::_exit(exit_code) };
         })

@@ -152,7 +152,7 @@ impl Queue {
             .unwrap_or(ring / 4)
             .clamp(REC_BYTES * 2, ring / 2);
         let owner = liveness::me()?;
-        let token = QueueToken::create()?;
+        let token = QueueToken::create(owner)?;
         let seg = Segment::create_tagged(HEADER_BYTES + ring as usize, &token.tag().tag())?;
         let name_key = crate::trust::random_u64().map_err(|e| CoreError::Io {
             context: "getrandom for a queue's slot names".into(),
