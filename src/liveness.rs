@@ -541,27 +541,22 @@ impl QueueToken {
             ),
             source: std::io::Error::from_raw_os_error(libc::ENOENT),
         };
-        match trust::unsplit(|| match trust::open_own(&c, libc::O_RDONLY) {
+        let token = trust::unsplit(|| match trust::open_own(&c, libc::O_RDONLY) {
             Opened::Ours(fd, _) => Ok(QueueToken::held(tag, fd)),
-            other => Err(other),
-        }) {
-            Ok(token) => {
-                let fd = token.fd.as_raw_fd();
-                if trust::flock_within(fd, libc::LOCK_SH, LOCK_WAIT) && trust::still_named(fd, &c) {
-                    Ok(token)
-                } else {
-                    Err(gone())
-                }
-            }
-            Err(Opened::Ours(..)) => unreachable!(),
-            Err(Opened::Missing) => Err(gone()),
-            Err(Opened::NotOurs(why)) => Err(CoreError::BadSegment(format!(
+            Opened::Missing => Err(gone()),
+            Opened::NotOurs(why) => Err(CoreError::BadSegment(format!(
                 "{path} is {why}; refusing it (another user may have planted it)"
             ))),
-            Err(Opened::Failed(e)) => Err(CoreError::Io {
+            Opened::Failed(e) => Err(CoreError::Io {
                 context: format!("opening the queue token {path}"),
                 source: e,
             }),
+        })?;
+        let fd = token.fd.as_raw_fd();
+        if trust::flock_within(fd, libc::LOCK_SH, LOCK_WAIT) && trust::still_named(fd, &c) {
+            Ok(token)
+        } else {
+            Err(gone())
         }
     }
 
