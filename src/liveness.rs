@@ -51,8 +51,7 @@ use crate::trust::{self, Opened};
 use crate::wait::current_pid;
 use std::ffi::CString;
 use std::os::fd::{AsRawFd, IntoRawFd, OwnedFd};
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 /// Where tokens (and shared-memory segments) live.
@@ -116,7 +115,9 @@ static TOKEN_FD: AtomicI32 = AtomicI32::new(-1);
 /// pid of the thread's process that is making the token now (0: nobody); a spin flag rather
 /// than a mutex, so that a fork in the middle cannot leave it locked in the child.
 static MAKING: AtomicU32 = AtomicU32::new(0);
-static HOOKS: Once = Once::new();
+/// Whether the fork and exit hooks are registered. A flag, not a `Once`: a fork while another
+/// thread is inside a `Once` leaves it "running" for ever in the child.
+static HOOKS: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn forget_in_child() {
     // A forked child must not keep the parent's lock alive: close its copy of the descriptor
@@ -213,14 +214,14 @@ pub fn me() -> Result<Identity> {
             return Ok(id);
         }
     }
-    HOOKS.call_once(|| {
+    if !HOOKS.swap(true, Ordering::AcqRel) {
         // SAFETY: both register plain extern "C" functions without captured state; the fork
         // handler only closes a descriptor and stores atomics (async-signal-safe).
         unsafe {
             libc::pthread_atfork(None, None, Some(forget_in_child));
             libc::atexit(remove_token_at_exit);
         }
-    });
+    }
     loop {
         match MAKING.compare_exchange(0, pid, Ordering::Acquire, Ordering::Relaxed) {
             Ok(_) => break,
@@ -747,6 +748,8 @@ mod tests {
 
     #[test]
     fn a_live_process_whose_token_was_deleted_is_still_alive() {
+        me().unwrap(); // hooks registered before the fork, not in the child
+        crate::trust::unsplit(|| ());
         // SAFETY: the child sleeps until killed.
         let child = unsafe { libc::fork() };
         if child == 0 {
@@ -757,6 +760,7 @@ mod tests {
                 libc::_exit(0);
             }
         }
+        let start = std::time::Instant::now();
         let kid_tag = loop {
             // The child's token appears once it made it.
             let found = std::fs::read_dir(SHM_DIR).unwrap().flatten().find_map(|e| {
@@ -766,6 +770,14 @@ mod tests {
             });
             if let Some(id) = found {
                 break id;
+            }
+            if start.elapsed() > Duration::from_secs(30) {
+                // SAFETY: kills and reaps our own child.
+                unsafe {
+                    libc::kill(child, libc::SIGKILL);
+                    libc::waitpid(child, std::ptr::null_mut(), 0);
+                }
+                panic!("the child made no token within 30 s");
             }
             std::thread::sleep(Duration::from_millis(5));
         };
@@ -797,6 +809,60 @@ mod tests {
         assert!(!std::path::Path::new(&tag.token_path()).exists());
         let err = QueueToken::join(tag).unwrap_err().to_string();
         assert!(err.contains("gone"), "{err}");
+    }
+
+    #[test]
+    fn a_token_made_while_a_sweep_runs_is_always_named_and_held() {
+        // Each child makes its token while the parent sweeps that child's names in a tight
+        // loop: the sweep may remove a token it finds unlocked, but then its maker sees it
+        // and makes another, so the child always ends with a token that is named and held.
+        me().unwrap(); // hooks registered before the forks, not in the children
+        crate::trust::unsplit(|| ());
+        for _ in 0..20 {
+            let mut fds = [0; 2];
+            // SAFETY: pipe fills two descriptors.
+            assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+            // SAFETY: the child makes its token, checks it, writes one byte and _exits.
+            let child = unsafe { libc::fork() };
+            if child == 0 {
+                let ok = me().is_ok_and(|id| {
+                    let c = crate::trust::c_path(&id.token_path()).unwrap();
+                    let held = match crate::trust::open_own(&c, libc::O_RDONLY) {
+                        // SAFETY: a non-blocking probe on our own descriptor.
+                        Opened::Ours(fd, _) => unsafe {
+                            libc::flock(fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0
+                        },
+                        _ => false,
+                    };
+                    held
+                });
+                let b = [u8::from(ok)];
+                // SAFETY: writes one byte, then _exit (no destructors in a fork child).
+                unsafe {
+                    libc::write(fds[1], b.as_ptr().cast(), 1);
+                    libc::_exit(0);
+                }
+            }
+            let mut pfd = libc::pollfd {
+                fd: fds[0],
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: polls our own pipe without waiting.
+            while unsafe { libc::poll(&mut pfd, 1, 0) } == 0 {
+                crate::shm::sweep_pids(&[child as u32]);
+            }
+            let mut b = [0u8];
+            // SAFETY: reads one byte into a local; reaps our child; closes our pipe.
+            unsafe {
+                assert_eq!(libc::read(fds[0], b.as_mut_ptr().cast(), 1), 1);
+                libc::waitpid(child, std::ptr::null_mut(), 0);
+                libc::close(fds[0]);
+                libc::close(fds[1]);
+            }
+            assert_eq!(b[0], 1, "a child's token was not named and held");
+            crate::shm::sweep_pids(&[child as u32]);
+        }
     }
 
     #[test]

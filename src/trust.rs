@@ -29,8 +29,7 @@
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Once;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// The longest a `fork` waits for threads inside an [`unsplit`] section (each lasts a few
@@ -239,7 +238,8 @@ pub fn flock_within(fd: libc::c_int, op: libc::c_int, wait: Duration) -> bool {
 /// Threads inside an [`unsplit`] section (low 16 bits) and forks under way (high 16 bits).
 static GATE: AtomicU32 = AtomicU32::new(0);
 const FORKING: u32 = 1 << 16;
-static GATE_HOOKS: Once = Once::new();
+/// Whether the fork handlers are registered (a flag, not a `Once`: see `liveness`).
+static GATE_HOOKS: AtomicBool = AtomicBool::new(false);
 
 extern "C" fn gate_prepare() {
     GATE.fetch_add(FORKING, Ordering::SeqCst);
@@ -261,11 +261,11 @@ extern "C" fn gate_child() {
 /// Runs `f` so that no `fork` of this process happens while it runs (see the module's
 /// documentation). `f` must be short, must not fork, and must not enter another section.
 pub fn unsplit<T>(f: impl FnOnce() -> T) -> T {
-    GATE_HOOKS.call_once(|| {
+    if !GATE_HOOKS.swap(true, Ordering::AcqRel) {
         // SAFETY: registers plain extern "C" functions without captured state; they only
         // touch an atomic (the child handler is async-signal-safe, as fork requires).
         unsafe { libc::pthread_atfork(Some(gate_prepare), Some(gate_parent), Some(gate_child)) };
-    });
+    }
     loop {
         let v = GATE.load(Ordering::SeqCst);
         if v & !0xffff == 0
