@@ -827,14 +827,13 @@ mod tests {
             if child == 0 {
                 let ok = me().is_ok_and(|id| {
                     let c = crate::trust::c_path(&id.token_path()).unwrap();
-                    let held = match crate::trust::open_own(&c, libc::O_RDONLY) {
+                    match crate::trust::open_own(&c, libc::O_RDONLY) {
                         // SAFETY: a non-blocking probe on our own descriptor.
                         Opened::Ours(fd, _) => unsafe {
                             libc::flock(fd.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0
                         },
                         _ => false,
-                    };
-                    held
+                    }
                 });
                 let b = [u8::from(ok)];
                 // SAFETY: writes one byte, then _exit (no destructors in a fork child).
