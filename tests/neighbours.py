@@ -318,6 +318,29 @@ def killed_parties_leave_no_tokens() -> None:
     assert q.get(timeout=10) == "x"
 
 
+def killed_producers_leave_no_tokens() -> None:
+    import runner_defs as rd
+    from easycore.errors import WorkerDiedError
+
+    all_pids: list[int] = []
+    for _ in range(3):
+        r = rd.SumSquares(devices=3, start_method="fork")
+        try:
+            assert r(range(10)) == 285
+            pids = [p.pid for p in r._workers.procs]  # type: ignore[union-attr]
+            all_pids += pids
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            try:
+                r(range(10))
+            except WorkerDiedError:
+                pass
+        finally:
+            r.close()
+    stale = [n for n in os.listdir(SHM) if any(n.startswith(f"ec.{p}-") for p in all_pids)]
+    assert stale == [], f"killed producers' names piled up: {stale}"
+
+
 # --- /dev/shm filled by the other user: a clear error, at once
 
 
@@ -346,6 +369,7 @@ SCENARIOS: dict[str, Callable[[], None]] = {
     "squatted_slot_names": squatted_slot_names,
     "deleted_token": deleted_token,
     "killed_parties_leave_no_tokens": killed_parties_leave_no_tokens,
+    "killed_producers_leave_no_tokens": killed_producers_leave_no_tokens,
     "filled_shm": filled_shm,
 }
 

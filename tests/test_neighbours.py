@@ -54,6 +54,7 @@ SCENARIOS = [
     "squatted_slot_names",
     "deleted_token",
     "killed_parties_leave_no_tokens",
+    "killed_producers_leave_no_tokens",
     "filled_shm",
 ]
 
