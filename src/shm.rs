@@ -638,4 +638,41 @@ mod tests {
             remove(name);
         }
     }
+
+    #[test]
+    fn a_queue_that_cannot_be_made_or_attached_leaves_no_token() {
+        fn q_tokens() -> std::collections::HashSet<String> {
+            std::fs::read_dir("/dev/shm")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("ec.q") && n.ends_with(".live"))
+                .collect()
+        }
+        let before = q_tokens();
+        let cfg = crate::queue::QueueConfig {
+            ring_bytes: 1 << 39, // more than any /dev/shm: NoSpace after the token was made
+            ..Default::default()
+        };
+        assert!(crate::queue::Queue::create(&cfg).is_err());
+        // A queue name whose segment is gone (its token still held by nobody else).
+        let q = crate::queue::Queue::create(&crate::queue::QueueConfig {
+            ring_bytes: 4096,
+            ..Default::default()
+        })
+        .unwrap();
+        let name = q.name().to_owned();
+        q.unlink().unwrap();
+        drop(q);
+        assert!(crate::queue::Queue::attach(&name).is_err());
+        let orphans: Vec<String> = q_tokens()
+            .difference(&before)
+            .filter(|t| {
+                let tag = t.trim_start_matches(NAME_PREFIX).trim_end_matches(".live");
+                QueueTag::from_tag(tag).is_some_and(|t| liveness::LastHold::take(t).is_some())
+            })
+            .cloned()
+            .collect();
+        assert!(orphans.is_empty(), "unheld queue tokens left: {orphans:?}");
+    }
 }

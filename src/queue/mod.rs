@@ -153,11 +153,21 @@ impl Queue {
             .clamp(REC_BYTES * 2, ring / 2);
         let owner = liveness::me()?;
         let token = QueueToken::create(owner)?;
-        let seg = Segment::create_tagged(HEADER_BYTES + ring as usize, &token.tag().tag())?;
-        let name_key = crate::trust::random_u64().map_err(|e| CoreError::Io {
-            context: "getrandom for a queue's slot names".into(),
-            source: e,
-        })?;
+        let made = Segment::create_tagged(HEADER_BYTES + ring as usize, &token.tag().tag())
+            .and_then(|seg| {
+                let key = crate::trust::random_u64().map_err(|e| CoreError::Io {
+                    context: "getrandom for a queue's slot names".into(),
+                    source: e,
+                })?;
+                Ok((seg, key))
+            });
+        let (seg, name_key) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                drop(token.leave()); // the last (only) party: the token goes too
+                return Err(e);
+            }
+        };
         let q = Queue::over(seg, ring, Some(token));
         let h = q.hdr();
         h.version.store(VERSION, Ordering::Relaxed);
@@ -199,7 +209,14 @@ impl Queue {
             Some(Owner::Queue(tag)) => Some(QueueToken::join(tag)?),
             _ => None,
         };
-        let seg = Segment::attach(name)?;
+        let seg = match Segment::attach(name) {
+            Ok(seg) => seg,
+            Err(e) => {
+                // Gone (or refused): if we were the last to hold the token, it goes too.
+                drop(token.and_then(QueueToken::leave));
+                return Err(e);
+            }
+        };
         let bad = |what: &str| Err(CoreError::BadSegment(format!("{name}: {what}")));
         if seg.len() < HEADER_BYTES + 4096 {
             return bad("too small for a queue");
