@@ -41,6 +41,11 @@
 //!   process lives; after a crash, whoever learns of the death ([`bury`]: a repairer, a parent
 //!   that reaps, a watchdog) or else the next sweep removes it.
 //!
+//! Queue tokens (`ec.q<tag>.live`, [`QueueToken`]) work the other way round: every process
+//! using the queue holds a *shared* lock, and "nobody holds it" (an exclusive lock granted at
+//! once, [`LastHold`]) means the queue's names may go. Each process lists the queue tokens it
+//! holds, so a watchdog about to `_exit` can let go of them ([`release_queue_holds`]).
+//!
 //! Caveats (see `docs/safety.md`): a process that closes every descriptor it has drops its
 //! token's lock and would look dead; a token removed by hand whose pid is then reused keeps
 //! the dead owner "alive" until that pid exits (waits end in clear errors meanwhile); the pid
