@@ -15,6 +15,8 @@
 //!   from the parent is pointed at `/dev/null` at once (a `pthread_atfork` handler): the child
 //!   holds no reference to the lock at all, and the parent's death releases it. A handle also
 //!   remembers the pid that took the lock; in any other process it only closes its descriptor.
+//!   The `open` and the registration run in one [`crate::trust::unsplit`] section, so no
+//!   fork lands between them (a child would inherit a descriptor the handler does not know).
 //!   (At most [`FORK_SLOTS`] descriptors open at the same moment are tracked; more is unheard of.)
 //! * **removed lock files.** After taking the lock, the handle checks that the path still names
 //!   the file it locked (same device and inode). If someone removed or replaced the file in the
@@ -156,18 +158,24 @@ impl FileLock {
                     source: e,
                 })?;
             }
-            let opened = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o644)
-                .custom_flags(libc::O_CLOEXEC)
-                .open(&self.path);
+            // Open and register in one section no fork may split: a child forked in between
+            // would inherit a descriptor its fork handler does not know, and keep the lock
+            // we are about to take alive after our death.
+            let opened = crate::trust::unsplit(|| {
+                OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .mode(0o644)
+                    .custom_flags(libc::O_CLOEXEC)
+                    .open(&self.path)
+                    .map(LockFd::new)
+            });
             match opened {
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound && tries < 8 => tries += 1,
                 other => {
-                    return other.map(LockFd::new).map_err(|e| CoreError::Io {
+                    return other.map_err(|e| CoreError::Io {
                         context: format!("opening lock file {}", self.path.display()),
                         source: e,
                     })

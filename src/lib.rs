@@ -9,6 +9,7 @@
 //! * [`forkviews`]: zero-copy views that a forked child keeps unchanged.
 //! * [`shmlock`]: the short shared-memory lock that survives its holder's death.
 //! * [`reorder`]: the sequence-ordered reorder buffer.
+//! * [`trust`]: opening names in `/dev/shm` that trust nothing another user could plant.
 //! * [`filelock`]: the inter-process file lock (flock, timeouts, fork-safe).
 
 pub mod error;
@@ -20,6 +21,7 @@ pub mod reorder;
 pub mod shm;
 pub mod shmlock;
 pub mod slots;
+pub mod trust;
 pub mod wait;
 
 #[cfg(feature = "python")]

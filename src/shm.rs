@@ -1,27 +1,53 @@
 //! Named POSIX shared-memory segments: create, attach by name, unlink, and unmap on drop.
 //!
-//! Names are `/ec.<owner tag>.<nonce>`, where the tag `<pid>-<nonce>` is the [`Identity`] of the
-//! process that owns the segment's lifetime, so that [`sweep_stale`] can remove what a killed
-//! owner left behind, judging the owner by its liveness token (never by its pid alone: a
-//! live owner in another PID namespace sharing `/dev/shm` is never swept).
+//! # Names
+//! Every name is `/ec.<tag>.<16 hex digits>` (more parts may follow), where the last part is
+//! 64 random bits from `getrandom` ([`crate::trust::random_u64`]) and the tag says whose
+//! liveness the name lives by:
+//! * a queue's names (its segment, its pooled slots, its one-shot segments) carry the queue's
+//!   tag `q<64 random bits>` ([`crate::liveness::QueueToken`]): they stay while any process
+//!   holds the queue's token, so a dead creator's messages stay readable until drained;
+//! * other segments carry their owner process's tag `<pid>-<nonce>`
+//!   ([`crate::liveness::Identity`]), and stay while it lives.
 //!
-//! Lifetime rules:
+//! Names that exist are listed by `ls /dev/shm`, so nothing relies on their secrecy; the random
+//! part only keeps another user from taking a name *before* it exists. Pooled slot names add a
+//! keyed hash of their own ([`crate::slots::slot_name`]). A name, once unlinked, is never
+//! made again (a new segment always gets new random bits).
+//!
+//! # Trust
+//! Segments are created with `O_CREAT | O_EXCL`, mode 0600, and opened with
+//! `O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC` followed by an `fstat` check: anything that is not a
+//! regular file of our uid with no group/other access is refused with
+//! [`CoreError::BadSegment`] before a byte of it is mapped ([`crate::trust`]). So no process
+//! ever maps, reads or unpickles what another user made, and no open ever blocks.
+//!
+//! # Lifetime rules
 //! * The creating process owns the name: dropping its [`Segment`] unlinks it unless
-//!   [`Segment::unlink`] already did. A forked child holds a copy of the handle but never
-//!   unlinks on drop (the pid check), so fork does not double-unlink.
+//!   [`Segment::unlink`] (or [`Segment::forget_name`]) already did. A forked child holds a copy
+//!   of the handle but never unlinks on drop (the pid check), so fork does not double-unlink.
 //! * Everyone else only unmaps on drop.
 //! * Callers unlink as soon as every party has attached; after that a SIGKILL of anyone leaks
 //!   nothing, because the kernel frees the memory with the last mapping.
 //! * Space is committed at creation (`posix_fallocate`), so a full `/dev/shm` is a clear
 //!   [`CoreError::NoSpace`] at once, never a `SIGBUS` on first touch.
+//!
+//! # The sweep
+//! [`sweep_stale`] removes what dead owners left: names of a process tag whose owner is dead
+//! ([`crate::liveness::owner_dead`]: a missing token alone is no proof of death), and names of
+//! a queue tag whose token nobody holds (taken with an exclusive lock, held while the names
+//! go). It removes only regular files of our uid, never follows a link, never blocks, and
+//! runs one liveness verdict per tag.
 
 use crate::error::{CoreError, Result};
-use crate::liveness::{self, Identity};
+use crate::liveness::{self, Identity, QueueTag};
+use crate::trust::{self, Opened};
 use crate::wait::current_pid;
+use std::collections::HashMap;
 use std::ffi::CString;
+use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Prefix of every segment name this library creates.
 pub const NAME_PREFIX: &str = "ec.";
@@ -44,21 +70,49 @@ unsafe impl Send for Segment {}
 // SAFETY: as above; `&Segment` only exposes the base pointer, the length and idempotent unlink.
 unsafe impl Sync for Segment {}
 
-/// A fresh, unused-looking segment name owned by `owner`.
-pub fn new_name_for(owner: Identity) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let t = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos() as u64)
-        .unwrap_or(0);
-    let c = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let mix = (t ^ (c.wrapping_mul(0x9E37_79B9_7F4A_7C15)) ^ (u64::from(current_pid()) << 32))
-        .wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    format!("/{NAME_PREFIX}{}.{:08x}", owner.tag(), (mix >> 32) as u32)
+/// Whose liveness a name lives by: the part between `ec.` and the next dot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Owner {
+    /// A process (`<pid>-<nonce>`).
+    Process(Identity),
+    /// A queue (`q<16 hex digits>`).
+    Queue(QueueTag),
 }
 
-fn c_name(name: &str) -> Result<CString> {
-    CString::new(name).map_err(|_| CoreError::Invalid(format!("bad segment name {name:?}")))
+/// A fresh name tagged `tag` (`<pid>-<nonce>` or `q<…>`), with 64 random bits.
+pub fn new_name_tagged(tag: &str) -> Result<String> {
+    let r = trust::random_u64().map_err(|e| CoreError::Io {
+        context: "getrandom for a segment name".into(),
+        source: e,
+    })?;
+    Ok(format!("/{NAME_PREFIX}{tag}.{r:016x}"))
+}
+
+/// A fresh, unguessable segment name owned by the process `owner`.
+pub fn new_name_for(owner: Identity) -> Result<String> {
+    new_name_tagged(&owner.tag())
+}
+
+/// A fresh, unguessable name with the same tag as `name` (a queue's one-shot segments share
+/// the queue's tag).
+pub fn new_name_like(name: &str) -> Result<String> {
+    let tag = name
+        .trim_start_matches('/')
+        .strip_prefix(NAME_PREFIX)
+        .and_then(|r| r.split('.').next())
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| CoreError::Invalid(format!("not a segment name of ours: {name:?}")))?;
+    new_name_tagged(tag)
+}
+
+/// The path in `/dev/shm` of segment `name` (`/ec.…`): one component, no NUL, not `.`/`..`.
+fn shm_path(name: &str) -> Result<CString> {
+    let bare = name.strip_prefix('/').unwrap_or(name);
+    if bare.is_empty() || bare == "." || bare == ".." || bare.contains('/') {
+        return Err(CoreError::Invalid(format!("bad segment name {name:?}")));
+    }
+    trust::c_path(&format!("{}/{bare}", liveness::SHM_DIR))
+        .map_err(|_| CoreError::Invalid(format!("bad segment name {name:?}")))
 }
 
 /// Free and total bytes of the shared-memory file system, where it can be asked.
@@ -110,8 +164,13 @@ fn map(fd: libc::c_int, len: usize, name: &str) -> Result<NonNull<u8>> {
 impl Segment {
     /// Creates a new segment of `len` bytes (zero-filled) whose name records `owner`.
     pub fn create(len: usize, owner: Identity) -> Result<Segment> {
+        Self::create_tagged(len, &owner.tag())
+    }
+
+    /// Creates a new segment of `len` bytes (zero-filled) under a fresh name tagged `tag`.
+    pub fn create_tagged(len: usize, tag: &str) -> Result<Segment> {
         for _ in 0..16 {
-            match Self::create_named(&new_name_for(owner), len) {
+            match Self::create_named(&new_name_tagged(tag)?, len) {
                 Err(CoreError::Io { source, .. })
                     if source.raw_os_error() == Some(libc::EEXIST) =>
                 {
@@ -125,28 +184,20 @@ impl Segment {
         ))
     }
 
-    /// Creates a new segment under exactly this name (it must not exist yet).
+    /// Creates a new segment under exactly this name (it must not exist yet: `O_EXCL`, 0600).
     pub fn create_named(name: &str, len: usize) -> Result<Segment> {
         if len == 0 {
             return Err(CoreError::Invalid(
                 "a segment needs at least one byte".into(),
             ));
         }
-        let cname = c_name(name)?;
-        // SAFETY: valid C string; flags create a new object only.
-        let fd = unsafe {
-            libc::shm_open(
-                cname.as_ptr(),
-                libc::O_CREAT | libc::O_EXCL | libc::O_RDWR,
-                0o600 as libc::mode_t,
-            )
-        };
-        if fd < 0 {
-            return Err(CoreError::last_os(format!("shm_open {name}")));
-        }
-        let made = Self::size_and_map(fd, len, name);
-        // SAFETY: fd is ours; the mapping (if any) keeps the object alive.
-        unsafe { libc::close(fd) };
+        let path = shm_path(name)?;
+        let fd = trust::create_own(&path).map_err(|e| CoreError::Io {
+            context: format!("creating shared-memory segment {name}"),
+            source: e,
+        })?;
+        let made = Self::size_and_map(fd.as_raw_fd(), len, name);
+        drop(fd); // the mapping (if any) keeps the object alive
         match made {
             Ok(ptr) => Ok(Segment {
                 name: name.to_owned(),
@@ -157,7 +208,7 @@ impl Segment {
             }),
             Err(e) => {
                 // SAFETY: removes the name we just created; nothing else uses it yet.
-                unsafe { libc::shm_unlink(cname.as_ptr()) };
+                unsafe { libc::unlink(path.as_ptr()) };
                 Err(e)
             }
         }
@@ -197,43 +248,44 @@ impl Segment {
         map(fd, len, name)
     }
 
-    /// Maps an existing segment by name (from any process, whatever its start method).
+    /// Maps an existing segment by name (from any process, whatever its start method). Only a
+    /// regular file of our uid with mode 0600 (or narrower) is mapped: anything else under the
+    /// name (another user's file, a link, a FIFO, a directory) is [`CoreError::BadSegment`],
+    /// and nothing blocks.
     pub fn attach(name: &str) -> Result<Segment> {
-        let cname = c_name(name)?;
-        // SAFETY: valid C string; opens an existing object only.
-        let fd = unsafe { libc::shm_open(cname.as_ptr(), libc::O_RDWR, 0) };
-        if fd < 0 {
-            let err = std::io::Error::last_os_error();
-            let context = if err.raw_os_error() == Some(libc::ENOENT) {
-                format!(
-                    "shared-memory segment {name} is gone (its owner closed or unlinked it \
-                     before this process attached)"
-                )
-            } else {
-                format!("shm_open {name}")
-            };
-            return Err(CoreError::Io {
-                context,
-                source: err,
-            });
+        let path = shm_path(name)?;
+        let (fd, st) = match trust::open_own(&path, libc::O_RDWR) {
+            Opened::Ours(fd, st) => (fd, st),
+            Opened::Missing => {
+                return Err(CoreError::Io {
+                    context: format!(
+                        "shared-memory segment {name} is gone (its owner closed or unlinked \
+                         it before this process attached)"
+                    ),
+                    source: std::io::Error::from_raw_os_error(libc::ENOENT),
+                })
+            }
+            Opened::NotOurs(why) => {
+                return Err(CoreError::BadSegment(format!(
+                    "{name} is {why}; refusing to map it (another user may have put it there)"
+                )))
+            }
+            Opened::Failed(e) => {
+                return Err(CoreError::Io {
+                    context: format!("opening shared-memory segment {name}"),
+                    source: e,
+                })
+            }
+        };
+        let len = st.st_size.max(0) as usize;
+        if len == 0 {
+            return Err(CoreError::BadSegment(format!("{name} has size 0")));
         }
-        // SAFETY: fd is open; fstat fills the zeroed struct we own.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        let len = if unsafe { libc::fstat(fd, &mut st) } == 0 {
-            st.st_size as usize
-        } else {
-            0
-        };
-        let mapped = if len == 0 {
-            Err(CoreError::BadSegment(format!("{name} has size 0")))
-        } else {
-            map(fd, len, name)
-        };
-        // SAFETY: fd is ours to close; the mapping stays valid after close.
-        unsafe { libc::close(fd) };
+        let ptr = map(fd.as_raw_fd(), len, name)?;
+        drop(fd); // the mapping stays valid after close
         Ok(Segment {
             name: name.to_owned(),
-            ptr: mapped?,
+            ptr,
             len,
             creator: None,
             unlinked: AtomicBool::new(false),
@@ -283,13 +335,13 @@ impl Segment {
 
 /// Unlinks a segment name; a name already gone is not an error.
 pub fn unlink_name(name: &str) -> Result<()> {
-    let cname = c_name(name)?;
+    let path = shm_path(name)?;
     // SAFETY: valid C string.
-    if unsafe { libc::shm_unlink(cname.as_ptr()) } != 0 {
+    if unsafe { libc::unlink(path.as_ptr()) } != 0 {
         let err = std::io::Error::last_os_error();
         if err.raw_os_error() != Some(libc::ENOENT) {
             return Err(CoreError::Io {
-                context: format!("shm_unlink {name}"),
+                context: format!("unlink {name}"),
                 source: err,
             });
         }
@@ -307,62 +359,104 @@ impl Drop for Segment {
     }
 }
 
-/// The owner encoded in a name of ours (segment or liveness token), if it is one.
-pub fn owner_of(name: &str) -> Option<Identity> {
+/// The owner encoded in a name of ours (segment or token), if it is one.
+pub fn owner_of(name: &str) -> Option<Owner> {
     let rest = name.trim_start_matches('/').strip_prefix(NAME_PREFIX)?;
-    Identity::from_tag(rest.split('.').next()?)
+    let tag = rest.split('.').next()?;
+    if let Some(q) = QueueTag::from_tag(tag) {
+        return Some(Owner::Queue(q));
+    }
+    Identity::from_tag(tag).map(Owner::Process)
 }
 
 /// Removes every name in `/dev/shm` owned by `owner` (segments and its token), if `owner` is
 /// dead. Returns how many were removed.
 pub fn sweep_owner(owner: Identity) -> usize {
-    sweep(|id| id == owner)
+    sweep(|o| o == Owner::Process(owner))
 }
 
-/// Removes segments (and liveness tokens) left in `/dev/shm` by owners that are dead. An owner
-/// is judged by its token ([`liveness`]), so live processes in other PID namespaces that share
-/// `/dev/shm`, and names of older formats, are left alone. Returns how many were removed.
+/// Removes the names of processes with these pids that are dead (any nonce): for a parent that
+/// reaped its children. Returns how many were removed.
+pub fn sweep_pids(pids: &[u32]) -> usize {
+    sweep(|o| matches!(o, Owner::Process(id) if pids.contains(&id.pid)))
+}
+
+/// For a process that ends right after (a watchdog before `_exit`): lets go of every queue
+/// this process holds and removes the names of those that no process holds any more. Returns
+/// how many names were removed.
+pub fn leave_queues() -> usize {
+    let tags = liveness::release_queue_holds();
+    if tags.is_empty() {
+        return 0;
+    }
+    sweep(|o| matches!(o, Owner::Queue(t) if tags.contains(&t)))
+}
+
+/// Removes segments (and liveness tokens) left in `/dev/shm` by owners that are dead, and the
+/// names of queues that no process uses any more. Live processes in other PID namespaces that
+/// share `/dev/shm` (their tokens are held), names of other formats, and anything that is not
+/// a regular file of our uid are left alone. Returns how many were removed.
 pub fn sweep_stale() -> usize {
     sweep(|_| true)
 }
 
-fn sweep(select: impl Fn(Identity) -> bool) -> usize {
+/// Whether the entry is a regular file of ours (never follows a link).
+fn ours(entry: &std::fs::DirEntry) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    entry.metadata().is_ok_and(|m| {
+        // SAFETY: geteuid has no preconditions.
+        m.file_type().is_file() && m.uid() == unsafe { libc::geteuid() }
+    })
+}
+
+fn sweep(select: impl Fn(Owner) -> bool) -> usize {
     let Ok(dir) = std::fs::read_dir(liveness::SHM_DIR) else {
         return 0;
     };
-    let mut verdicts: Vec<(Identity, bool)> = Vec::new();
-    let mut tokens = Vec::new();
-    let mut removed = 0;
+    // One verdict per owner: group the names first.
+    let mut groups: HashMap<Owner, Vec<std::fs::DirEntry>> = HashMap::new();
     for entry in dir.flatten() {
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        let Some(id) = owner_of(name) else { continue };
-        if !select(id) {
+        let Some(owner) = owner_of(name) else {
             continue;
-        }
-        let dead = match verdicts.iter().find(|(v, _)| *v == id) {
-            Some(&(_, d)) => d,
-            None => {
-                let d = liveness::owner_dead(id);
-                verdicts.push((id, d));
-                d
-            }
         };
-        if !dead {
-            continue;
-        }
-        if name.ends_with(".live") || name.ends_with(".tmp") {
-            tokens.push(name.to_owned()); // last: a token gone first reads as dead anyway
-        } else if unlink_name(&format!("/{name}")).is_ok() {
-            removed += 1;
+        if select(owner) {
+            groups.entry(owner).or_default().push(entry);
         }
     }
-    for t in tokens {
-        if unlink_name(&format!("/{t}")).is_ok() {
-            removed += 1;
+    let mut removed = 0;
+    let mut unlink_ours = |entries: &[std::fs::DirEntry]| {
+        for e in entries {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if !name.ends_with(".live") && ours(e) && unlink_name(&name).is_ok() {
+                removed += 1;
+            }
+        }
+    };
+    let mut tokens = 0;
+    for (owner, entries) in groups {
+        match owner {
+            Owner::Process(id) => {
+                if liveness::owner_dead(id) {
+                    unlink_ours(&entries);
+                    // The token last, holding its lock (a missing one needs nothing).
+                    tokens += usize::from(liveness::bury(id));
+                }
+            }
+            Owner::Queue(tag) => {
+                // Nobody holds the queue's token: take it exclusively and keep it while its
+                // names go; the hold removes the token when dropped.
+                if let Some(hold) = liveness::LastHold::take(tag) {
+                    unlink_ours(&entries);
+                    drop(hold);
+                    tokens += 1;
+                }
+            }
         }
     }
-    removed
+    removed + tokens
 }
 
 #[cfg(test)]
@@ -379,7 +473,7 @@ mod tests {
     fn create_attach_share_and_unlink_on_drop() {
         let me = liveness::me().unwrap();
         let a = Segment::create(4096, me).unwrap();
-        assert!(owner_of(a.name()) == Some(me));
+        assert!(owner_of(a.name()) == Some(Owner::Process(me)));
         // SAFETY: both mappings are 4096 bytes; test-only single-threaded access.
         unsafe { a.as_ptr().add(100).write(42) };
         let b = Segment::attach(a.name()).unwrap();
@@ -428,5 +522,157 @@ mod tests {
         assert!(Segment::attach(live.name()).is_ok());
         assert!(Segment::attach(old.name()).is_ok());
         assert!(liveness::alive(me), "our own token survives the sweep");
+    }
+
+    fn plant(name: &str, how: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        let path = format!("/dev/shm/{}", name.trim_start_matches('/'));
+        match how {
+            "fifo" => {
+                let c = trust::c_path(&path).unwrap();
+                // SAFETY: valid C string.
+                assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o666) }, 0);
+            }
+            "link" => std::os::unix::fs::symlink("/etc/passwd", &path).unwrap(),
+            "dir" => std::fs::create_dir(&path).unwrap(),
+            "0666" | "foreign" => {
+                std::fs::write(&path, vec![7u8; 8192]).unwrap();
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+                if how == "foreign" {
+                    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                        .unwrap();
+                    std::os::unix::fs::chown(&path, Some(65534), Some(65534)).unwrap();
+                }
+            }
+            _ => unreachable!(),
+        }
+    }
+
+    fn remove(name: &str) {
+        let path = format!("/dev/shm/{}", name.trim_start_matches('/'));
+        let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir(&path));
+    }
+
+    #[test]
+    fn attach_refuses_what_we_did_not_make_and_never_blocks() {
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        for how in ["fifo", "link", "dir", "0666", "foreign"] {
+            if how == "foreign" && !root {
+                continue; // only root can hand a file to another uid
+            }
+            let name = new_name_for(liveness::me().unwrap()).unwrap();
+            plant(&name, how);
+            let err = Segment::attach(&name).unwrap_err();
+            assert!(matches!(err, CoreError::BadSegment(_)), "{how}: {err}");
+            assert!(err.to_string().contains("refusing"), "{how}: {err}");
+            // Creating over it is refused too (O_EXCL): never someone else's bytes.
+            assert!(Segment::create_named(&name, 4096).is_err(), "{how}");
+            remove(&name);
+        }
+    }
+
+    #[test]
+    fn names_carry_64_random_bits_and_segments_are_0600() {
+        use std::os::unix::fs::MetadataExt;
+        let me = liveness::me().unwrap();
+        let a = Segment::create(4096, me).unwrap();
+        let b = Segment::create(4096, me).unwrap();
+        let suffix = |n: &str| n.rsplit('.').next().unwrap().to_owned();
+        assert_eq!(suffix(a.name()).len(), 16, "{}", a.name());
+        assert_ne!(suffix(a.name()), suffix(b.name()));
+        let m = std::fs::metadata(format!("/dev/shm{}", a.name())).unwrap();
+        assert_eq!(m.mode() & 0o777, 0o600);
+        let like = new_name_like("/ec.q0123456789abcdef.0011223344556677").unwrap();
+        assert!(like.starts_with("/ec.q0123456789abcdef."), "{like}");
+        assert_eq!(
+            owner_of(&like),
+            Some(Owner::Queue(QueueTag(0x0123_4567_89ab_cdef)))
+        );
+        assert!(shm_path("/ec.a/b").is_err() && shm_path("/..").is_err());
+    }
+
+    #[test]
+    fn the_sweep_keeps_a_queue_s_names_while_a_party_holds_its_token() {
+        let q = liveness::QueueToken::create(liveness::me().unwrap()).unwrap();
+        let tag = q.tag().tag();
+        let seg = Segment::create_tagged(4096, &tag).unwrap();
+        seg.forget_name();
+        let name = seg.name().to_owned();
+        sweep_stale();
+        assert!(Segment::attach(&name).is_ok(), "a held queue's names stay");
+        drop(q); // the last party ends without cleaning up (as if killed)
+        assert!(sweep_stale() >= 2, "segment and token removed");
+        assert!(Segment::attach(&name).is_err());
+        assert!(!exists(&format!("/ec.{tag}.live")));
+    }
+
+    #[test]
+    fn the_sweep_leaves_other_users_files_and_planted_things() {
+        let me = liveness::me().unwrap();
+        let dead = Identity {
+            pid: me.pid,
+            nonce: me.nonce ^ 0x0f0f_0f0f,
+        };
+        // SAFETY: geteuid has no preconditions.
+        let root = unsafe { libc::geteuid() } == 0;
+        let mut planted = Vec::new();
+        for how in ["fifo", "link", "dir", "foreign"] {
+            if how == "foreign" && !root {
+                continue;
+            }
+            let name = new_name_for(dead).unwrap();
+            plant(&name, how);
+            planted.push(name);
+        }
+        // A token name planted as a FIFO must not hang the sweep.
+        let token = format!("/ec.{}.live", dead.tag());
+        plant(&token, "fifo");
+        sweep_stale();
+        for name in planted.iter().chain([&token]) {
+            let path = format!("/dev/shm{name}");
+            assert!(
+                std::fs::symlink_metadata(&path).is_ok(),
+                "{name} was removed by the sweep"
+            );
+            remove(name);
+        }
+    }
+
+    #[test]
+    fn a_queue_that_cannot_be_made_or_attached_leaves_no_token() {
+        fn q_tokens() -> std::collections::HashSet<String> {
+            std::fs::read_dir("/dev/shm")
+                .unwrap()
+                .flatten()
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|n| n.starts_with("ec.q") && n.ends_with(".live"))
+                .collect()
+        }
+        let before = q_tokens();
+        let cfg = crate::queue::QueueConfig {
+            ring_bytes: 1 << 39, // more than any /dev/shm: NoSpace after the token was made
+            ..Default::default()
+        };
+        assert!(crate::queue::Queue::create(&cfg).is_err());
+        // A queue name whose segment is gone (its token still held by nobody else).
+        let q = crate::queue::Queue::create(&crate::queue::QueueConfig {
+            ring_bytes: 4096,
+            ..Default::default()
+        })
+        .unwrap();
+        let name = q.name().to_owned();
+        q.unlink().unwrap();
+        drop(q);
+        assert!(crate::queue::Queue::attach(&name).is_err());
+        let orphans: Vec<String> = q_tokens()
+            .difference(&before)
+            .filter(|t| {
+                let tag = t.trim_start_matches(NAME_PREFIX).trim_end_matches(".live");
+                QueueTag::from_tag(tag).is_some_and(|t| liveness::LastHold::take(t).is_some())
+            })
+            .cloned()
+            .collect();
+        assert!(orphans.is_empty(), "unheld queue tokens left: {orphans:?}");
     }
 }

@@ -45,16 +45,26 @@
 //! Holders are party numbers of the queue (`queue::parties`), judged alive or dead by their
 //! liveness tokens. `pool_bytes` is derived (the sizes of the slots that are not EMPTY) and
 //! rebuilt by repair.
-//! The segments of existing slots stay named (`<queue name>.<idx>.<gen>`, which carries the
-//! queue owner's identity) so that any process of the queue can map them; `close()` unlinks the
-//! free ones at once and the rest as they are freed, the queue's owner unlinks all of them when
-//! it drops the queue, and if the owner is killed a survivor or the next sweep
-//! ([`crate::shm::sweep_stale`]) removes them, judging the owner by its liveness token. At most `pool_cap` bytes of segments exist at once; a message that cannot get a
-//! slot within that cap travels in a one-shot segment instead, as before.
+//! The segments of existing slots stay named (`<queue name>.<idx>.<gen>.<hash>`, see
+//! [`slot_name`]; the queue name carries the queue's tag) so that any process of the queue can
+//! map them; `close()` unlinks the free ones at once and the rest as they are freed, the
+//! queue's creator unlinks all of them when it drops the queue, and the last process to leave
+//! the queue (or, if every party is killed, the next sweep, [`crate::shm::sweep_stale`])
+//! removes whatever is left: the names live by the queue's token
+//! ([`crate::liveness::QueueToken`]), held by every party, not by the creator's life, so a
+//! dead creator's messages stay readable until drained. At most `pool_cap` bytes of segments
+//! exist at once; a message that cannot get a slot within that cap travels in a one-shot
+//! segment instead, as before.
+//!
+//! Slot names are unguessable: the queue's name is public (`ls /dev/shm`), so `<queue>.<idx>.
+//! <gen>` alone would let another user create a slot's *next* name before the writer does (a
+//! failed put; never a foreign read, since every attach checks owner and mode). So each name
+//! ends with a keyed hash (SipHash-2-4) of `(idx, gen)` under the queue's `name_key`, 64
+//! random bits kept in the queue's header, which no other user can read (0600).
 //!
 //! # Shared-memory layout
 //! [`SlotTable`] is `#[repr(C)]` and lives inside the queue's header page: four u64 words
-//! (`pool_bytes`, `pool_cap`, `last_gen`, reserved), then [`SLOTS`] 32-byte [`Slot`]s
+//! (`pool_bytes`, `pool_cap`, `last_gen`, `name_key`), then [`SLOTS`] 32-byte [`Slot`]s
 //! (`word: u64` = state | holder << 32, `size: u64, gen: u64, reserved: u64`).
 
 use crate::error::{CoreError, Result};
@@ -97,7 +107,9 @@ pub struct SlotTable {
     pool_cap: AtomicU64,
     /// The last generation handed out.
     last_gen: AtomicU64,
-    _reserved: u64,
+    /// Key of the hash in every slot name ([`slot_name`]): 64 random bits set at creation,
+    /// never changed.
+    name_key: AtomicU64,
     slots: [Slot; SLOTS],
 }
 
@@ -121,9 +133,16 @@ pub fn slot_size(len: u64) -> u64 {
     len.max(1).div_ceil(step) * step
 }
 
-/// The name of slot `idx`'s segment of generation `gen` in the queue named `queue`.
-pub fn slot_name(queue: &str, idx: usize, gen: u64) -> String {
-    format!("{queue}.{idx:x}.{gen:x}")
+/// The name of slot `idx`'s segment of generation `gen` in the queue named `queue` whose
+/// table has `key` ([`SlotTable::name_key`]): `<queue>.<idx>.<gen>.<SipHash(key; idx, gen)>`.
+pub fn slot_name(queue: &str, key: u64, idx: usize, gen: u64) -> String {
+    #[allow(deprecated)] // SipHash-2-4 with our own key; the type is deprecated, not unsound
+    let mut h =
+        std::hash::SipHasher::new_with_keys(key, key.rotate_left(29) ^ 0x6563_2d73_6c6f_7473);
+    std::hash::Hasher::write_u64(&mut h, idx as u64);
+    std::hash::Hasher::write_u64(&mut h, gen);
+    let mac = std::hash::Hasher::finish(&h);
+    format!("{queue}.{idx:x}.{gen:x}.{mac:016x}")
 }
 
 fn pack(state: u32, holder: u32) -> u64 {
@@ -147,9 +166,25 @@ impl Slot {
 }
 
 impl SlotTable {
-    /// Sets the cap at queue creation (the table starts zeroed: every slot EMPTY).
-    pub fn init(&self, pool_cap: u64) {
+    /// Sets the cap and the name key (64 random bits) at queue creation (the table starts
+    /// zeroed: every slot EMPTY).
+    pub fn init(&self, pool_cap: u64, name_key: u64) {
         self.pool_cap.store(pool_cap, Ordering::Relaxed);
+        self.name_key.store(name_key, Ordering::Relaxed);
+    }
+
+    /// The key of the slot names' hash.
+    pub fn name_key(&self) -> u64 {
+        self.name_key.load(Ordering::Relaxed)
+    }
+
+    fn name_of(&self, queue: &str, idx: usize) -> String {
+        slot_name(
+            queue,
+            self.name_key(),
+            idx,
+            self.slot(idx).gen.load(Ordering::Relaxed),
+        )
     }
 
     /// Bytes of pooled segments that exist, and the cap.
@@ -257,7 +292,7 @@ impl SlotTable {
     fn evict(&self, queue: &str, idx: usize) -> u64 {
         let s = self.slot(idx);
         let size = s.size.load(Ordering::Relaxed);
-        let _ = unlink_name(&slot_name(queue, idx, s.gen.load(Ordering::Relaxed)));
+        let _ = unlink_name(&self.name_of(queue, idx));
         s.set(EMPTY, 0);
         s.size.store(0, Ordering::Relaxed);
         self.pool_bytes.fetch_sub(size, Ordering::Relaxed);
@@ -337,7 +372,7 @@ impl SlotTable {
         for (i, s) in self.slots.iter().enumerate() {
             let (state, holder) = s.get();
             if state == BUSY && holder != 0 && dead.contains(&holder) {
-                let _ = unlink_name(&slot_name(queue, i, s.gen.load(Ordering::Relaxed)));
+                let _ = unlink_name(&self.name_of(queue, i));
                 s.set(EMPTY, 0);
                 n += 1;
             }
@@ -360,7 +395,7 @@ impl SlotTable {
     pub fn unlink_all(&self, queue: &str) {
         for (i, s) in self.slots.iter().enumerate() {
             if s.state() != EMPTY {
-                let _ = unlink_name(&slot_name(queue, i, s.gen.load(Ordering::Relaxed)));
+                let _ = unlink_name(&self.name_of(queue, i));
             }
         }
     }
@@ -511,9 +546,10 @@ impl Default for SlotMaps {
 
 impl SlotMaps {
     /// The mapping of slot `t`: cached, else created (fresh slots) or attached by name.
-    pub fn get(&self, queue: &str, t: Taken) -> Result<Arc<Segment>> {
+    /// `key` is the table's [`SlotTable::name_key`].
+    pub fn get(&self, queue: &str, key: u64, t: Taken) -> Result<Arc<Segment>> {
         let map = || -> Result<Arc<Segment>> {
-            let name = slot_name(queue, t.idx, t.gen);
+            let name = slot_name(queue, key, t.idx, t.gen);
             let seg = if t.fresh {
                 let seg = Segment::create_named(&name, t.size as usize)?;
                 // The queue's owner unlinks slot segments, not whoever made them.
@@ -576,5 +612,17 @@ mod tests {
                 "{len} -> {s}"
             );
         }
+    }
+
+    #[test]
+    fn slot_names_end_with_a_keyed_hash() {
+        let q = "/ec.q0123456789abcdef.0011223344556677";
+        let a = slot_name(q, 1, 3, 7);
+        assert!(a.starts_with(&format!("{q}.3.7.")), "{a}");
+        assert_eq!(a.rsplit('.').next().unwrap().len(), 16);
+        assert_eq!(a, slot_name(q, 1, 3, 7), "the same for every process");
+        assert_ne!(a, slot_name(q, 2, 3, 7), "another key, another name");
+        assert_ne!(a, slot_name(q, 1, 3, 8));
+        assert_ne!(a, slot_name(q, 1, 4, 7));
     }
 }

@@ -20,11 +20,38 @@ def _segments() -> set[str]:
     process's own liveness token (`.live`) lives as long as the process and is not a leak."""
     prefix = f"ec.{os.getpid()}-"
     try:
-        return {
-            n for n in os.listdir(SHM) if n.startswith(prefix) and not n.endswith((".live", ".tmp"))
-        }
+        names = os.listdir(SHM)
     except FileNotFoundError:
         return set()
+    own = {n for n in names if n.startswith(prefix) and not n.endswith((".live", ".tmp"))}
+    # A queue's names carry the queue's tag (`ec.q<hex>.…`) and live while any process holds
+    # the queue's token; the token says who made the queue. Names of a queue this process made
+    # that nobody holds any more are left behind.
+    for tok in (n for n in names if n.startswith("ec.q") and n.endswith(".live")):
+        if _unheld_queue_of(tok, prefix):
+            qtag = tok[: -len("live")]
+            own |= {n for n in names if n.startswith(qtag)}
+    return own
+
+
+def _unheld_queue_of(token: str, prefix: str) -> bool:
+    """Whether the queue token `token` was made by this process and nobody holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(f"{SHM}/{token}", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        if not os.read(fd, 64).decode(errors="replace").startswith(prefix[len("ec.") :]):
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False  # held: the queue is in use
+        return True
+    finally:
+        os.close(fd)
 
 
 def _children() -> set[int]:

@@ -245,21 +245,23 @@ def test_an_owner_killed_leaves_nothing_named_once_a_survivor_notices():
         for i in range(6):
             q.put(i, 0, [b"h", bytes(1 << 20)])
         time.sleep(0.3)
-        print(q.owner, kid, flush=True)
+        print(q.owner, kid, q.name.split(".")[1], flush=True)
         time.sleep(600)
     """
     p = subprocess.Popen(
         [PY, "-c", textwrap.dedent(script)], stdout=subprocess.PIPE, text=True, cwd=HERE
     )
     try:
-        tag, kid = p.stdout.readline().split()
+        tag, kid, qtag = p.stdout.readline().split()
         assert any(n.startswith(f"ec.{tag}.") for n in os.listdir(SHM))
+        # The queue's names carry the queue's tag: they go with the last process using it.
+        assert any(n.startswith(f"ec.{qtag}.") and n != f"ec.{qtag}.live" for n in os.listdir(SHM))
         p.kill()
         p.wait(30)
         deadline = time.monotonic() + 20
         left = None
         while time.monotonic() < deadline:
-            left = [n for n in os.listdir(SHM) if n.startswith(f"ec.{tag}")]
+            left = [n for n in os.listdir(SHM) if n.startswith((f"ec.{tag}", f"ec.{qtag}."))]
             gone = not os.path.exists(f"/proc/{kid}") or _state(int(kid)) == "Z"
             if not left and gone:
                 break
@@ -327,10 +329,14 @@ def test_a_queue_in_another_pid_namespace_survives_sweeps_outside():
     )
     try:
         name = p.stdout.readline().strip()
-        assert name.startswith(f"/ec.{pid}-"), name
+        assert name.startswith("/ec.q"), name  # a queue's names carry the queue's tag
         assert not os.path.exists(f"/proc/{pid}"), "that pid exists outside too"
+        tokens = [n for n in os.listdir(SHM) if n.startswith(f"ec.{pid}-")]
+        assert tokens, "the inner process made no liveness token"
         sweep_stale_segments()
         assert os.path.exists(SHM + name), "a live queue in another namespace was swept"
+        for t in tokens:
+            assert os.path.exists(SHM + "/" + t), "a live process's token was swept"
         p.stdin.write("\n")
         p.stdin.flush()
         assert p.stdout.readline().strip() == "ok"

@@ -46,10 +46,18 @@ pub(crate) fn expired(deadline: Option<Instant>) -> bool {
     deadline.is_some_and(|d| Instant::now() >= d)
 }
 
-/// Removes shared-memory segments left by easycore processes that no longer exist.
+/// Removes shared-memory segments left by easycore processes that no longer exist, and the
+/// names of queues no process uses any more. Runs without the GIL (it reads `/dev/shm`).
 #[pyfunction]
-fn sweep_stale_segments() -> usize {
-    crate::shm::sweep_stale()
+fn sweep_stale_segments(py: Python<'_>) -> usize {
+    detach::detach(py, crate::shm::sweep_stale)
+}
+
+/// Removes the names (liveness tokens, segments) of the processes with these pids, if they are
+/// dead: for a parent that has reaped its children. Runs without the GIL.
+#[pyfunction]
+fn sweep_dead_pids(py: Python<'_>, pids: Vec<u32>) -> usize {
+    detach::detach(py, move || crate::shm::sweep_pids(&pids))
 }
 
 /// `(free_bytes, total_bytes)` of /dev/shm, or None where it cannot be asked.
@@ -82,7 +90,8 @@ fn retire_identity() {
 }
 
 /// Starts a watchdog thread that waits (without polling) for the death of the process
-/// `owner_tag`, then removes the shared memory it left and ends this process at once with
+/// `owner_tag`, then removes the shared memory it left (and that of the queues this process
+/// was the last to use) and ends this process at once with
 /// `exit_code` (`_exit`: no Python code runs). For processes that must not outlive their
 /// parent, whatever kills it. Returns immediately.
 #[pyfunction]
@@ -96,6 +105,9 @@ fn exit_when_dead(owner_tag: &str, exit_code: i32) -> PyResult<()> {
             block_all_signals();
             crate::liveness::wait_for_death(id);
             crate::shm::sweep_owner(id);
+            // This process ends now, without dropping its queues: let go of them, and remove
+            // the names of those it was the last to use.
+            crate::shm::leave_queues();
             // SAFETY: _exit ends the process at once; nothing of ours needs to run.
             unsafe { libc::_exit(exit_code) };
         })
@@ -124,6 +136,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<reorder::PyReorderBuffer>()?;
     m.add_class::<filelock::PyFileLock>()?;
     m.add_function(wrap_pyfunction!(sweep_stale_segments, m)?)?;
+    m.add_function(wrap_pyfunction!(sweep_dead_pids, m)?)?;
     m.add_function(wrap_pyfunction!(shm_space, m)?)?;
     m.add_function(wrap_pyfunction!(owner_alive, m)?)?;
     m.add_function(wrap_pyfunction!(identity, m)?)?;

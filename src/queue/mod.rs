@@ -54,8 +54,8 @@ mod tests;
 mod write;
 
 use crate::error::{CoreError, Result};
-use crate::liveness::{self, Identity};
-use crate::shm::Segment;
+use crate::liveness::{self, Identity, QueueToken};
+use crate::shm::{Owner, Segment};
 use crate::shmlock::ShmLockGuard;
 use crate::slots::{SideBuf, SlotMaps, TableAt};
 use crate::wait::{self, current_pid};
@@ -125,6 +125,10 @@ pub struct Queue {
     /// `pid << 32 | party`: this process's party in the queue, registered on first use and
     /// again in a forked child (whose pid differs).
     me: AtomicU64,
+    /// This handle's shared hold on the queue's token, taken before the segment was opened:
+    /// the queue's names stay while any handle (or a forked child's copy) holds one. `None`
+    /// only for a queue name without a queue tag, or once dropped.
+    token: Option<QueueToken>,
 }
 
 impl Queue {
@@ -148,8 +152,23 @@ impl Queue {
             .unwrap_or(ring / 4)
             .clamp(REC_BYTES * 2, ring / 2);
         let owner = liveness::me()?;
-        let seg = Segment::create(HEADER_BYTES + ring as usize, owner)?;
-        let q = Queue::over(seg, ring);
+        let token = QueueToken::create(owner)?;
+        let made = Segment::create_tagged(HEADER_BYTES + ring as usize, &token.tag().tag())
+            .and_then(|seg| {
+                let key = crate::trust::random_u64().map_err(|e| CoreError::Io {
+                    context: "getrandom for a queue's slot names".into(),
+                    source: e,
+                })?;
+                Ok((seg, key))
+            });
+        let (seg, name_key) = match made {
+            Ok(made) => made,
+            Err(e) => {
+                drop(token.leave()); // the last (only) party: the token goes too
+                return Err(e);
+            }
+        };
+        let q = Queue::over(seg, ring, Some(token));
         let h = q.hdr();
         h.version.store(VERSION, Ordering::Relaxed);
         h.owner.store(owner.packed(), Ordering::Relaxed);
@@ -158,8 +177,10 @@ impl Queue {
         h.max_inline.store(max_inline, Ordering::Relaxed);
         let side_budget = cfg.side_budget.unwrap_or(ring).max(1);
         h.side_budget.store(side_budget, Ordering::Relaxed);
-        h.slots
-            .init(cfg.pool_bytes.unwrap_or(side_budget.saturating_mul(2)));
+        h.slots.init(
+            cfg.pool_bytes.unwrap_or(side_budget.saturating_mul(2)),
+            name_key,
+        );
         h.pool_min.store(
             cfg.pool_min.unwrap_or(DEFAULT_POOL_MIN.min(max_inline)),
             Ordering::Relaxed,
@@ -168,13 +189,14 @@ impl Queue {
         Ok(q)
     }
 
-    fn over(seg: Segment, ring: u64) -> Queue {
+    fn over(seg: Segment, ring: u64, token: Option<QueueToken>) -> Queue {
         Queue {
             seg: Arc::new(seg),
             ring_size: ring,
             spin: Duration::from_micros(20),
             maps: SlotMaps::default(),
             me: AtomicU64::new(0),
+            token,
         }
     }
 
@@ -182,7 +204,19 @@ impl Queue {
     /// Every size in the header is checked, so a corrupt or foreign segment is an error, not
     /// a crash.
     pub fn attach(name: &str) -> Result<Queue> {
-        let seg = Segment::attach(name)?;
+        // Hold the queue's token first: from then on no sweep removes its names.
+        let token = match crate::shm::owner_of(name) {
+            Some(Owner::Queue(tag)) => Some(QueueToken::join(tag)?),
+            _ => None,
+        };
+        let seg = match Segment::attach(name) {
+            Ok(seg) => seg,
+            Err(e) => {
+                // Gone (or refused): if we were the last to hold the token, it goes too.
+                drop(token.and_then(QueueToken::leave));
+                return Err(e);
+            }
+        };
         let bad = |what: &str| Err(CoreError::BadSegment(format!("{name}: {what}")));
         if seg.len() < HEADER_BYTES + 4096 {
             return bad("too small for a queue");
@@ -210,7 +244,7 @@ impl Queue {
         if h.max_msgs.load(Ordering::Relaxed) == 0 {
             return bad("max_messages is 0");
         }
-        Ok(Queue::over(seg, ring))
+        Ok(Queue::over(seg, ring, token))
     }
 
     /// Sets how long a blocked call spins before it sleeps (this handle only). A call never
@@ -510,8 +544,11 @@ impl Drop for Queue {
     fn drop(&mut self) {
         // The creator removes pooled segments and those of messages nobody will read any
         // more: once the creating handle is dropped the queue is over (a forked child's copy
-        // of it, and handles attached by name, leave them).
-        if !self.seg.is_creator() {
+        // of it, and handles attached by name, leave them, unless they are the last).
+        // The last process to leave (whoever it is) removes what is left, holding the token
+        // exclusively meanwhile; the hold removes the token itself when dropped, last.
+        let last = self.token.take().and_then(QueueToken::leave);
+        if !self.seg.is_creator() && last.is_none() {
             return;
         }
         // Views of pooled messages may keep the mapping alive (their leases hold it), but not

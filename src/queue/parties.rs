@@ -125,6 +125,12 @@ impl PartyTable {
                 .is_ok()
             {
                 self.waits[i].store(0, Ordering::Relaxed);
+                // Whoever learns of a death removes the dead party's token (only a genuine,
+                // unlocked one: a live process's token is never touched), so tokens of killed
+                // processes do not pile up in /dev/shm.
+                if let Some(id) = Identity::unpack(was) {
+                    liveness::bury(id);
+                }
             }
         }
     }

@@ -305,7 +305,7 @@ impl Queue {
                         size: 0,
                         fresh: false,
                     };
-                    match self.maps.get(self.name(), t) {
+                    match self.maps.get(self.name(), self.hdr().slots.name_key(), t) {
                         Ok(seg)
                             if r.offset
                                 .checked_add(r.len)
@@ -334,7 +334,7 @@ impl Queue {
                         size: 0,
                         fresh: false,
                     };
-                    match self.maps.get(self.name(), t) {
+                    match self.maps.get(self.name(), self.hdr().slots.name_key(), t) {
                         Ok(seg) => out[i].side = Some(self.lease(idx, gen, seg, me)),
                         Err(e) => {
                             if let Ok(_g) = self.lock_until(None) {

@@ -19,7 +19,7 @@
 //! | anyone, in `slots.take`/`evict` | a slot half-changed, `pool_bytes` off | EMPTY slots zeroed, `pool_bytes` rebuilt |
 //! | a waiter, asleep | its sleeping count raised | counts rebuilt from the live parties |
 //! | a releaser, before the tail moved | DONE records before `read` | the next lock holder advances the tail |
-//! | the queue's creator, anywhere | a queue whose names the next sweep removes | a waiter that finds it dead closes the queue (`close_if_owner_died`): gets drain what is left, then fail `Closed`; puts fail |
+//! | the queue's creator, anywhere | a queue whose names stay while any party holds the queue's token (`liveness::QueueToken`), then go with the last party or the next sweep | a waiter that finds it dead closes the queue (`close_if_owner_died`): gets drain what is left, then fail `Closed`; puts fail |
 //!
 //! After the records, slots and counts that named them are mended, the dead parties' entries
 //! are freed. A stopped process is alive: nothing it holds is taken from it; waiters time out

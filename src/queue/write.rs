@@ -59,8 +59,11 @@ impl Queue {
             side = h.slots.take(self.name(), body, me).map(SideTo::Slot);
         }
         if side.is_none() && large {
-            let owner = self.owner()?;
-            side = Some(SideTo::OneShot(crate::shm::new_name_for(owner), body));
+            // Tagged like the queue: it lives by the queue's token, not by its writer.
+            side = Some(SideTo::OneShot(
+                crate::shm::new_name_like(self.name()).ok()?,
+                body,
+            ));
         }
         let table = if refs.is_empty() {
             0
@@ -179,7 +182,7 @@ impl Queue {
                 unsafe { write_body(self.body_ptr(res.pos), parts) };
                 Ok(())
             }
-            Some(SideTo::Slot(t)) => match self.maps.get(self.name(), *t) {
+            Some(SideTo::Slot(t)) => match self.maps.get(self.name(), h.slots.name_key(), *t) {
                 Ok(seg) => {
                     // SAFETY: the slot's segment holds at least `body_len(parts)` bytes
                     // (checked by SlotMaps::get) and is ours (BUSY, holder us) until commit.

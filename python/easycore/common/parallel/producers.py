@@ -10,7 +10,7 @@ import signal
 import time
 from typing import Any
 
-from easycore._core import Queue
+from easycore._core import Queue, sweep_dead_pids
 from easycore.common.parallel import wire
 from easycore.common.parallel import worker as _worker
 from easycore.errors import (
@@ -80,6 +80,12 @@ class WorkerSet:
             self.kill_now()
             raise
         LIVE_WORKERS.discard(self)
+
+
+def _forget_dead(procs: list[Any]) -> None:
+    """Removes the names (liveness tokens) that reaped producers left: a producer killed, or
+    ended by ``os._exit``, skips the exit handlers that would have removed them."""
+    sweep_dead_pids([p.pid for p in procs if p.pid and p.exitcode is not None])
 
 
 class LocalWorkers(WorkerSet):
@@ -170,6 +176,7 @@ class LocalWorkers(WorkerSet):
                 p.join(2.0)
             except AssertionError:
                 pass
+        _forget_dead(self.procs)
         LIVE_WORKERS.discard(self)
 
     def _release(self) -> None:
@@ -217,3 +224,4 @@ class LocalWorkers(WorkerSet):
             if p.is_alive():
                 p.kill()
                 p.join(2.0)
+        _forget_dead(self.procs)
