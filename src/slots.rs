@@ -257,8 +257,11 @@ impl SlotTable {
     fn evict(&self, queue: &str, idx: usize) -> u64 {
         let s = self.slot(idx);
         let size = s.size.load(Ordering::Relaxed);
-        let _ = unlink_name(&slot_name(queue, idx, s.gen.load(Ordering::Relaxed)));
+        // EMPTY first, then the name: a death in between leaves a name no slot names (the
+        // sweep removes it once the owner is gone), never a FREE slot with no segment behind it
+        // (which the next take would hand out, losing its message).
         s.set(EMPTY, 0);
+        let _ = unlink_name(&slot_name(queue, idx, s.gen.load(Ordering::Relaxed)));
         s.size.store(0, Ordering::Relaxed);
         self.pool_bytes.fetch_sub(size, Ordering::Relaxed);
         size
@@ -280,10 +283,22 @@ impl SlotTable {
         self.is(idx, gen) && self.slot(idx).get().1 == p
     }
 
-    /// Commit: the record in the ring now holds the slot (no lock needed: only the writer,
-    /// alive, touches a slot it holds).
-    pub fn hand_to_ring(&self, idx: usize) {
-        self.slot(idx).set(BUSY, 0);
+    /// Commit: the record in the ring now holds the slot (no lock needed: only the writer
+    /// touches a slot it holds). One compare-and-swap BUSY(p) -> BUSY(0): false if the slot
+    /// is not `p`'s any more (repair took it from a writer it judged dead).
+    pub fn hand_to_ring(&self, idx: usize, gen: u64, p: u32) -> bool {
+        idx < SLOTS
+            && self.slot(idx).gen.load(Ordering::Acquire) == gen
+            && self
+                .slot(idx)
+                .word
+                .compare_exchange(
+                    pack(BUSY, p),
+                    pack(BUSY, 0),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
     }
 
     /// Under the lock: party `p` (a reader) holds the slot from its claim on; `p = 0` gives
@@ -331,12 +346,13 @@ impl SlotTable {
     /// Under the lock, after the lock was taken over or a dead party found: discards slots
     /// whose holder is dead, clears what a dead `take`/`evict` left half-done, and rebuilds
     /// `pool_bytes`. Returns how many slots were discarded.
-    pub fn repair(&self, queue: &str, dead: &[u32]) -> usize {
+    /// `gone(holder)` says whether a holder's token names a party that is gone.
+    pub fn repair(&self, queue: &str, gone: &dyn Fn(u32) -> bool) -> usize {
         let mut n = 0;
         let mut bytes = 0;
         for (i, s) in self.slots.iter().enumerate() {
             let (state, holder) = s.get();
-            if state == BUSY && holder != 0 && dead.contains(&holder) {
+            if state == BUSY && holder != 0 && gone(holder) {
                 let _ = unlink_name(&slot_name(queue, i, s.gen.load(Ordering::Relaxed)));
                 s.set(EMPTY, 0);
                 n += 1;

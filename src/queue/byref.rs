@@ -44,7 +44,7 @@ impl Queue {
                 Ok(Some(WriterSlot { seg, lease }))
             }
             Err(e) => {
-                if let Ok(_g) = self.lock_until(None) {
+                if let Ok(_g) = self.lock_until(Some(Instant::now() + super::ERROR_WAIT)) {
                     h.slots.discard(self.name(), t.idx, t.gen);
                 }
                 Err(e)

@@ -150,7 +150,7 @@ fn a_reader_dead_mid_claim_gives_the_referenced_slots_back() {
         let pos = h.read.load(Ordering::Relaxed);
         let rec = q.rec(pos);
         rec.owner.store(ghost, Ordering::Relaxed);
-        rec.state.store(ST_READING, Ordering::Relaxed);
+        rec.set_state(pos, ST_READING);
         h.slots.hand_to(e.slot as usize, e.gen, ghost);
     }
     q.recover();

@@ -73,6 +73,9 @@ pub use write::PUT_BATCH;
 
 /// A waiter that sleeps this long without progress checks for dead processes.
 const RECOVER_TICK: Duration = Duration::from_millis(50);
+/// Longest wait for the lock in error paths (cleaning up after a failed write or read): a
+/// holder that is stopped costs the cleanup, never a hang.
+const ERROR_WAIT: Duration = Duration::from_secs(1);
 /// Default [`QueueConfig::pool_min`]: copying this much costs more than leasing a slot.
 const DEFAULT_POOL_MIN: u64 = 256 << 10;
 /// Largest ring a queue may have (1 TiB): larger sizes are refused, never wrapped.
@@ -329,37 +332,42 @@ impl Queue {
         self.hdr().closed.load(Ordering::SeqCst) != 0
     }
 
-    /// This process's party number, registering it on first use (and after a fork).
+    /// This process's party token (`parties`), registering it on first use, after a fork,
+    /// and again if its registration was freed (repair judged it dead: its old token is
+    /// stale, and nothing it held is its own any more).
     pub(crate) fn party(&self) -> Result<u32> {
         let pid = current_pid();
         let m = self.me.load(Ordering::Relaxed);
-        if (m >> 32) as u32 == pid && m as u32 != 0 {
+        let h = self.hdr();
+        if (m >> 32) as u32 == pid && m as u32 != 0 && h.parties.current(m as u32) {
             return Ok(m as u32);
         }
         let id = liveness::me()?;
-        let h = self.hdr();
-        let (p, adopted) = h.parties.register(id).ok_or_else(|| {
+        let reg = h.parties.register(id).ok_or_else(|| {
             CoreError::Invalid(format!(
                 "more than {} live processes use queue {}",
                 parties::PARTIES,
                 self.name()
             ))
         })?;
-        if let Some(was) = adopted {
-            // A dead party's number: whatever names it (the lock word included) is the dead
-            // owner's. Repair before anything else; if the lock cannot be had now, give the
-            // entry back (still dead) and let the caller retry.
+        let t = reg.token;
+        if let Some((was, waits)) = reg.adopted {
+            // A dead party's entry: its tokens are stale now (the generation moved on), so
+            // whatever names them (the lock word included) is judged dead. Repair before
+            // anything else; if the lock cannot be had now, give the entry back (still dead)
+            // and let the caller retry.
+            parties::forget_sleepers(&h.readers_waiting, &h.writers_waiting, waits);
             let deadline = Some(Instant::now() + RECOVER_TICK);
-            let Some(g) = h.lock.0.lock(p, deadline, |q| q != p && h.parties.alive(q)) else {
-                h.parties.give_back(p, id.packed(), was);
+            let Some(g) = h.lock.0.lock(t, deadline, |q| h.parties.token_alive(q)) else {
+                h.parties.give_back(t, id.packed(), was);
                 return Err(self.busy());
             };
-            self.repair(h, Some(p));
+            self.repair(h);
             drop(g);
         }
         self.me
-            .store((u64::from(pid) << 32) | u64::from(p), Ordering::Relaxed);
-        Ok(p)
+            .store((u64::from(pid) << 32) | u64::from(t), Ordering::Relaxed);
+        Ok(t)
     }
 
     /// Takes the lock, waiting until `deadline` at most (`Err(Busy)` then); repairs the queue
@@ -370,10 +378,10 @@ impl Queue {
         let g = h
             .lock
             .0
-            .lock(me, deadline, |p| h.parties.alive(p))
+            .lock(me, deadline, |t| h.parties.token_alive(t))
             .ok_or_else(|| self.busy())?;
         if g.took_over() {
-            self.repair(h, None);
+            self.repair(h);
         }
         Ok(g)
     }
@@ -465,10 +473,15 @@ impl Queue {
                     return true; // cannot sleep counted: let the caller retry
                 };
                 let h = self.hdr();
+                // The party's own count goes up first and down last, so it always covers
+                // what this waiter added to the total, which repair takes off (saturating)
+                // if it frees the party.
                 h.parties.note_wait(me, side, true);
                 waiting.fetch_add(1, Ordering::SeqCst);
                 wait::wait(word, seen, Some(left));
-                waiting.fetch_sub(1, Ordering::SeqCst);
+                let _ = waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                    Some(v.saturating_sub(1))
+                });
                 h.parties.note_wait(me, side, false);
                 if word.load(Ordering::SeqCst) == seen {
                     self.close_if_owner_died();
@@ -521,15 +534,21 @@ impl Drop for Queue {
         h.slots.unlink_all(self.name());
         let head = h.head.load(Ordering::Relaxed);
         let mut pos = h.read.load(Ordering::Relaxed);
+        if head.wrapping_sub(pos) > self.ring_size {
+            return; // corrupt positions: no walk over memory they do not describe
+        }
         let mut n = 0;
         while pos < head && n <= h.max_msgs.load(Ordering::Relaxed) {
             let rec = self.rec(pos);
+            if !self.sane(pos, rec, head) {
+                break;
+            }
             if rec.flags.load(Ordering::Relaxed) & layout::FLAG_SIDE != 0
-                && rec.state.load(Ordering::Acquire) != layout::ST_PAD
+                && rec.state() != layout::ST_PAD
             {
                 let _ = crate::shm::unlink_name(&self.side_name(pos, rec));
             }
-            pos += rec.size.load(Ordering::Relaxed).max(ALIGN);
+            pos += rec.size.load(Ordering::Relaxed);
             n += 1;
         }
     }

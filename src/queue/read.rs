@@ -99,7 +99,7 @@ impl Queue {
                             )));
                         }
                         let size = rec.size.load(Ordering::Relaxed);
-                        match rec.state.load(Ordering::Acquire) {
+                        match rec.state() {
                             ST_PAD => {}
                             ST_ABANDONED => locked_sub(&h.pending, 1),
                             ST_READY => {
@@ -116,7 +116,7 @@ impl Queue {
                                     // A slot of it was lost (a writer's failure): skip it,
                                     // and discard the slots it still names.
                                     self.discard_refs(read, rec);
-                                    rec.state.store(ST_ABANDONED, Ordering::Release);
+                                    rec.set_state(read, ST_ABANDONED);
                                     locked_sub(&h.pending, 1);
                                     read += size;
                                     continue;
@@ -136,7 +136,7 @@ impl Queue {
                                     ));
                                 }
                                 rec.owner.store(me, Ordering::Relaxed);
-                                rec.state.store(ST_READING, Ordering::Relaxed);
+                                rec.set_state(read, ST_READING);
                                 locked_sub(&h.pending, 1);
                                 out.push(self.describe(read, rec));
                             }
@@ -179,11 +179,13 @@ impl Queue {
     /// `f` runs with the queue lock held: it must be short, must not block, and must not
     /// touch this queue (the lock is not reentrant). A process killed inside `f` leaves the
     /// record `READING` at `read`, which repair gives back as `READY`: the message is not lost.
-    pub fn take_small<R>(
+    /// If `f` fails (say, out of memory), the message stays first in the queue, as if not
+    /// taken, and `Small::Took(Err(..))` carries the error.
+    pub fn take_small<R, E>(
         &self,
         limit: u64,
-        f: impl FnOnce(u64, u32, &[&[u8]]) -> R,
-    ) -> Result<Small<R>> {
+        f: impl FnOnce(u64, u32, &[&[u8]]) -> std::result::Result<R, E>,
+    ) -> Result<Small<std::result::Result<R, E>>> {
         let h = self.hdr();
         let _g = match self.try_lock() {
             Ok(g) => g,
@@ -200,7 +202,7 @@ impl Queue {
             if !self.sane(read, rec, head) {
                 return Ok(Small::NotSmall); // let claim report it
             }
-            match rec.state.load(Ordering::Acquire) {
+            match rec.state() {
                 ST_PAD => {}
                 ST_ABANDONED => locked_sub(&h.pending, 1),
                 ST_READY => break Some(rec),
@@ -233,7 +235,7 @@ impl Queue {
             return Ok(Small::NotSmall); // not a table the writer made; leave it to claim
         };
         rec.owner.store(self.party()?, Ordering::Relaxed);
-        rec.state.store(ST_READING, Ordering::Relaxed);
+        rec.set_state(read, ST_READING);
         let mut parts: [&[u8]; SMALL_PARTS] = [&[]; SMALL_PARTS];
         for (p, &(off, len)) in parts.iter_mut().zip(&spans) {
             // SAFETY: the part lies inside the record's body (checked by read_part_table),
@@ -245,9 +247,14 @@ impl Queue {
             rec.kind.load(Ordering::Relaxed),
             &parts[..nparts],
         );
+        if out.is_err() {
+            // Not delivered: the message stays first in the queue.
+            rec.set_state(read, ST_READY);
+            return Ok(Small::Took(out));
+        }
         // Delivered: a death after this store abandons the record (its reader had it).
         h.read.store(read + size, Ordering::Release);
-        rec.state.store(ST_DONE, Ordering::Release);
+        rec.set_state(read, ST_DONE);
         locked_sub(&h.pending, 1);
         self.advance_tail(h);
         Ok(Small::Took(out))
@@ -315,7 +322,9 @@ impl Queue {
                             out[i].refs.push((r.part as usize, buf, r.offset, r.len));
                         }
                         other => {
-                            if let Ok(_g) = self.lock_until(None) {
+                            if let Ok(_g) =
+                                self.lock_until(Some(Instant::now() + super::ERROR_WAIT))
+                            {
                                 self.hdr().slots.discard(self.name(), idx, gen);
                             }
                             err.get_or_insert(other.err().unwrap_or_else(|| {
@@ -337,7 +346,9 @@ impl Queue {
                     match self.maps.get(self.name(), t) {
                         Ok(seg) => out[i].side = Some(self.lease(idx, gen, seg, me)),
                         Err(e) => {
-                            if let Ok(_g) = self.lock_until(None) {
+                            if let Ok(_g) =
+                                self.lock_until(Some(Instant::now() + super::ERROR_WAIT))
+                            {
                                 self.hdr().slots.discard(self.name(), idx, gen);
                             }
                             err.get_or_insert(e);
@@ -402,7 +413,9 @@ impl Queue {
     pub fn release(&self, claims: &mut [Claimed]) {
         let mut any = false;
         for c in claims.iter_mut().filter(|c| !c.released) {
-            self.rec(c.pos).state.store(ST_DONE, Ordering::Release);
+            // Only if the claim is still ours: repair may have abandoned it (this process
+            // judged dead), and its space may hold another record by now.
+            self.rec(c.pos).change(c.pos, ST_READING, ST_DONE);
             c.released = true;
             any = true;
         }
@@ -427,7 +440,7 @@ impl Queue {
             if !self.sane(tail, rec, read) {
                 break;
             }
-            let st = rec.state.load(Ordering::Acquire);
+            let st = rec.state();
             if !matches!(st, ST_DONE | ST_PAD | ST_ABANDONED) {
                 break;
             }

@@ -536,11 +536,13 @@ fn record_of_a_dead_writer_is_abandoned_and_skipped() {
 /// Gets one small message the way Python's `get` does: [`Queue::take_small`], waiting on
 /// the data stamp when the queue is empty.
 fn take_one(q: &Queue, deadline: Option<Instant>) -> Result<(u64, u32, Vec<Vec<u8>>)> {
-    let copy = |seq, kind, parts: &[&[u8]]| (seq, kind, parts.iter().map(|p| p.to_vec()).collect());
+    let copy = |seq, kind, parts: &[&[u8]]| {
+        Ok::<_, ()>((seq, kind, parts.iter().map(|p| p.to_vec()).collect()))
+    };
     loop {
         let stamp = q.data_stamp();
         match q.take_small(1 << 10, copy)? {
-            Small::Took(m) => return Ok(m),
+            Small::Took(m) => return Ok(m.unwrap()),
             Small::NotSmall => panic!("expected a small message"),
             // Held by someone (perhaps dead): the slow way waits, takes over, repairs.
             Small::Busy => return get(q, deadline),
@@ -576,7 +578,10 @@ fn take_small_copies_and_releases_under_one_lock() {
         assert_eq!(parts, vec![b"head".to_vec(), p]);
     }
     assert_eq!(q.len(), 0);
-    assert!(matches!(q.take_small(64, |_, _, _| ()), Ok(Small::Empty)));
+    assert!(matches!(
+        q.take_small(64, |_, _, _| Ok::<_, ()>(())),
+        Ok(Small::Empty)
+    ));
     // Zero parts, and an empty part.
     q.put(1, 0, &[], None).unwrap();
     q.put(2, 0, &[b""], None).unwrap();
@@ -596,7 +601,7 @@ fn take_small_leaves_large_and_many_part_messages_to_claim() {
     q.put(3, 0, &[b"x"], None).unwrap();
     for want in [1, 2] {
         assert!(matches!(
-            q.take_small(1 << 10, |_, _, _| ()),
+            q.take_small(1 << 10, |_, _, _| Ok::<_, ()>(())),
             Ok(Small::NotSmall)
         ));
         assert_eq!(get(&q, None).unwrap().0, want);
@@ -615,7 +620,9 @@ fn a_reader_killed_inside_take_small_loses_nothing_and_blocks_nothing() {
     assert!(child >= 0, "fork failed");
     if child == 0 {
         // Dies holding the queue lock, its record marked READING.
-        let _ = q.take_small(1 << 10, |_, _, _| unsafe { libc::_exit(0) });
+        let _ = q.take_small(1 << 10, |_, _, _| -> std::result::Result<(), ()> {
+            unsafe { libc::_exit(0) }
+        });
         unsafe { libc::_exit(1) };
     }
     let mut status = 0;
@@ -629,7 +636,7 @@ fn a_reader_killed_inside_take_small_loses_nothing_and_blocks_nothing() {
         "died holding the lock"
     );
     let first = q.rec(q.hdr().read.load(Ordering::Relaxed));
-    assert_eq!(first.state.load(Ordering::Relaxed), ST_READING);
+    assert_eq!(first.state(), ST_READING);
     // The lock is taken over; the dead reader never returned its message, so it is given
     // back and delivered, then the rest flows.
     let deadline = Some(Instant::now() + Duration::from_secs(10));
@@ -675,7 +682,7 @@ fn ghost(q: &Queue, salt: u32) -> u32 {
         pid: me.pid,
         nonce: me.nonce ^ salt,
     };
-    q.hdr().parties.register(id).unwrap().0
+    q.hdr().parties.register(id).unwrap().token
 }
 
 #[test]
@@ -692,7 +699,7 @@ fn a_claim_cut_short_by_death_is_given_back() {
     for _ in 0..2 {
         let rec = q.rec(pos);
         rec.owner.store(g, Ordering::Relaxed);
-        rec.state.store(ST_READING, Ordering::Relaxed);
+        rec.set_state(pos, ST_READING);
         pos += rec.size.load(Ordering::Relaxed);
     }
     locked_sub(&h.pending, 2);
