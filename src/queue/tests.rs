@@ -795,3 +795,151 @@ fn the_creators_death_closes_the_queue_for_its_waiters() {
         Err(CoreError::Closed)
     ));
 }
+
+/// What a writer judged dead while alive does: it reserved its record (as a party whose
+/// liveness cannot be proven: a token with no liveness file behind it), then stalled while
+/// copying; another party repairs meanwhile. Returns the reservation it resumes with.
+fn reserve_as_judged_dead(q: &Queue, parts: &[&[u8]], seq: u64) -> write::Reservation {
+    let h = q.hdr();
+    let writer = h.parties.register_ghost();
+    let _g = q.lock_until(None).unwrap();
+    let np = parts.len() as u32;
+    q.try_reserve(h, writer, seq, 0, np, body_len(parts), &[])
+        .unwrap()
+}
+
+#[test]
+fn a_late_commit_of_a_writer_judged_dead_is_refused_and_nothing_acknowledged_is_lost() {
+    let q = small(1 << 14);
+    let d = Some(Instant::now() + Duration::from_secs(20));
+    q.put(1, 0, &[b"before"], None).unwrap();
+    let res = reserve_as_judged_dead(&q, &[b"late"], 2);
+    q.put(3, 0, &[b"after"], None).unwrap();
+    // A reader's repair judges the writer dead and gives its record up; reads pass it.
+    assert!(q.recover() >= 1);
+    assert_eq!(get(&q, d).unwrap().0, 1);
+    assert_eq!(get(&q, d).unwrap().0, 3);
+    // The writer resumes: its commit is refused (it used to land READY behind `read`).
+    let e = q.fill_and_commit(res, &[b"late"]).unwrap_err();
+    assert!(matches!(e, CoreError::JudgedDead(_)), "{e}");
+    assert!(e.to_string().contains("was not put"), "{e}");
+    q.audit(d).unwrap();
+    // Nothing is pinned: the ring wraps many times over the old record's space.
+    for i in 0..1000u64 {
+        q.put(10 + i, 0, &[&[7u8; 300]], d).unwrap();
+        assert_eq!(get(&q, d).unwrap().0, 10 + i);
+    }
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn a_late_commit_racing_the_reuse_of_its_space_touches_no_other_record() {
+    let q = small(4096);
+    let d = Some(Instant::now() + Duration::from_secs(20));
+    let res = reserve_as_judged_dead(&q, &[b"late"], 1);
+    assert!(q.recover() >= 1);
+    // The ring goes round until a new record sits where the abandoned one was.
+    let mut n = 0;
+    while !(q.rec(res.pos).stamped(res.pos + q.ring_size()) && q.rec(res.pos).state() == ST_READY) {
+        assert!(n < 100_000, "the ring never came back round");
+        q.put(100 + n, 0, &[b"m"], d).unwrap();
+        if q.rec(res.pos).stamped(res.pos + q.ring_size()) {
+            break;
+        }
+        assert_eq!(get(&q, d).unwrap().0, 100 + n);
+        n += 1;
+    }
+    // The new record there is READY and unread: the late commit must leave it alone.
+    assert!(matches!(
+        q.fill_and_commit(res, &[b"late"]),
+        Err(CoreError::JudgedDead(_))
+    ));
+    assert_eq!(get(&q, d).unwrap().0, 100 + n);
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn a_late_commit_into_a_slot_repair_took_is_refused_and_leaves_no_name() {
+    let q = pooled(None);
+    let d = Some(Instant::now() + Duration::from_secs(20));
+    let a = big(30_000, 3);
+    let res = reserve_as_judged_dead(&q, &[b"hdr", &a], 1);
+    let (idx, gen) = slot_of(q.rec(res.pos));
+    assert!(q.rec(res.pos).flags.load(Ordering::Relaxed) & FLAG_SLOT != 0);
+    assert!(q.recover() >= 1);
+    assert!(matches!(
+        q.fill_and_commit(res, &[b"hdr", &a]),
+        Err(CoreError::JudgedDead(_))
+    ));
+    let name = crate::slots::slot_name(q.name(), idx, gen);
+    assert!(Segment::attach(&name).is_err(), "{name} was left behind");
+    q.put(2, 0, &[b"hdr", &a], d).unwrap();
+    let (mut c, _) = claim_big(&q, &a);
+    q.release(&mut c);
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn audit_reports_a_ready_record_behind_read_and_repair_unpins_it() {
+    let q = small(1 << 14);
+    let d = Some(Instant::now() + Duration::from_secs(20));
+    for i in 1..=3 {
+        q.put(i, 0, &[b"m"], None).unwrap();
+    }
+    let h = q.hdr();
+    // Message 1 stays claimed, so the tail cannot pass message 2 once it is read.
+    let mut held = q.claim(1, d).unwrap();
+    let second = h.read.load(Ordering::Relaxed);
+    assert_eq!(get(&q, d).unwrap().0, 2);
+    // A READY record behind `read` (what a late commit used to leave): `audit` passed it,
+    // and the tail stopped at it for ever.
+    q.rec(second).set_state(second, ST_READY);
+    let e = q.audit(d).unwrap_err();
+    assert!(e.to_string().contains("behind read"), "{e}");
+    q.release(&mut held);
+    assert_eq!(h.tail.load(Ordering::Relaxed), second, "pinned");
+    let ghost = h.parties.register_ghost();
+    h.lock.0.force_holder(ghost);
+    q.put(4, 0, &[b"c"], d).unwrap(); // takes the lock over, repairs
+    q.audit(d).unwrap();
+    assert_eq!(get(&q, d).unwrap().0, 3);
+    assert_eq!(get(&q, d).unwrap().0, 4);
+    for i in 0..500u64 {
+        q.put(10 + i, 0, &[&[1u8; 200]], d).unwrap();
+        assert_eq!(get(&q, d).unwrap().0, 10 + i);
+    }
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn take_small_whose_callback_fails_leaves_the_message_first() {
+    let q = small(1 << 14);
+    q.put(1, 0, &[b"kept"], None).unwrap();
+    q.put(2, 0, &[b"next"], None).unwrap();
+    let r = q.take_small(1 << 10, |_, _, _| Err::<(), _>("out of memory"));
+    assert!(matches!(r, Ok(Small::Took(Err("out of memory")))));
+    assert_eq!(q.len(), 2);
+    let d = Some(Instant::now() + Duration::from_secs(10));
+    assert_eq!(take_one(&q, d).unwrap(), (1, 0, vec![b"kept".to_vec()]));
+    assert_eq!(take_one(&q, d).unwrap().0, 2);
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn a_stale_token_is_dead_even_when_its_number_is_registered_again() {
+    let q = small(1 << 14);
+    let h = q.hdr();
+    let old = h.parties.register_ghost();
+    // Repair frees the dead entry, and a new registration takes the same number.
+    q.recover();
+    let me = crate::liveness::me().unwrap();
+    let id = crate::liveness::Identity {
+        pid: me.pid,
+        nonce: me.nonce ^ 0x0505_0505,
+    };
+    let new = h.parties.register(id).unwrap().token;
+    assert_eq!(parties::split(new).0, parties::split(old).0, "same number");
+    assert_ne!(new, old, "a new generation");
+    assert!(h.parties.identity(old).is_none());
+    assert_eq!(h.parties.identity(new), Some(id));
+}

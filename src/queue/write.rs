@@ -239,8 +239,21 @@ impl Queue {
             // Repair abandoned the record: this process was judged dead. Whatever it made
             // for the message is nobody's now; the name of a one-shot segment it may have
             // created after repair unlinked it goes too.
-            if let Some(SideTo::OneShot(name, _)) = &res.side {
-                let _ = crate::shm::unlink_name(name);
+            match &res.side {
+                Some(SideTo::OneShot(name, _)) => {
+                    let _ = crate::shm::unlink_name(name);
+                }
+                Some(SideTo::Slot(t)) => {
+                    // Repair emptied the slot (and unlinked its name); a fresh slot's
+                    // segment may have been made after that. Its generation is never
+                    // handed out again, so the name is ours alone.
+                    let _ = crate::shm::unlink_name(&crate::slots::slot_name(
+                        self.name(),
+                        t.idx,
+                        t.gen,
+                    ));
+                }
+                None => {}
             }
             Err(outcome.err().unwrap_or_else(judged_dead))
         };
