@@ -14,8 +14,16 @@
 //! afresh instead of using the replaced mapping. Dropping the views later unmaps the private
 //! copy and frees the slot as usual.
 //!
+//! A writer's *leased* slot (an `easycore.shm` array or a `ShmLease` the process fills in
+//! place, `queue::byref`) is the other way round: the parent goes on writing into the shared
+//! segment and sends it, so its mapping must stay shared in the parent. There, the *child*
+//! makes its inherited copy private (in the `pthread_atfork` child handler, before any other
+//! code of the child runs): the child's array keeps the bytes it had at the fork, its writes
+//! never reach the parent's slot (nor the next message once the slot is reused), and the
+//! parent's later writes never reach the child.
+//!
 //! Costs and limits: the copy is made only for views alive at the moment of the fork, once per
-//! view. A write made into such a view by another thread *during* the fork (numpy releases the
+//! view (for leases, once per fork in each child). A write made into such a view by another thread *during* the fork (numpy releases the
 //! GIL) may be lost in the parent.
 
 use std::cell::UnsafeCell;
@@ -29,6 +37,8 @@ struct View {
     len: usize,
     count: usize,
     private: bool,
+    /// A writer's lease: made private in the child after a fork, never in the parent.
+    leased: bool,
 }
 
 /// A spin-locked list (a `Mutex` could be left locked in the child by another thread).
@@ -70,27 +80,49 @@ pub fn epoch() -> u64 {
 
 /// A mapping at `addr` (of `len` bytes) is used by a zero-copy view from now on.
 pub fn register(addr: *mut u8, len: usize) {
+    add(addr, len, false);
+}
+
+/// A mapping at `addr` (of `len` bytes) is a writer's leased slot from now on: a forked child
+/// gets a private copy of it.
+pub fn register_leased(addr: *mut u8, len: usize) {
+    add(addr, len, true);
+}
+
+fn add(addr: *mut u8, len: usize, leased: bool) {
     HOOKS.call_once(|| {
         // SAFETY: registers plain extern "C" functions without captured state.
-        unsafe { libc::pthread_atfork(Some(before_fork), None, Some(in_child)) };
+        unsafe { libc::pthread_atfork(Some(before_fork), Some(in_parent), Some(in_child)) };
     });
     let addr = addr as usize;
-    with(|v| match v.iter_mut().find(|e| e.addr == addr) {
-        Some(e) => e.count += 1,
-        None => v.push(View {
-            addr,
-            len,
-            count: 1,
-            private: false,
-        }),
-    });
+    with(
+        |v| match v.iter_mut().find(|e| e.addr == addr && e.leased == leased) {
+            Some(e) => e.count += 1,
+            None => v.push(View {
+                addr,
+                len,
+                count: 1,
+                private: false,
+                leased,
+            }),
+        },
+    );
 }
 
 /// A view of the mapping at `addr` is gone.
 pub fn unregister(addr: *mut u8) {
+    remove(addr, false);
+}
+
+/// A lease of the mapping at `addr` is gone.
+pub fn unregister_leased(addr: *mut u8) {
+    remove(addr, true);
+}
+
+fn remove(addr: *mut u8, leased: bool) {
     let addr = addr as usize;
     with(|v| {
-        if let Some(i) = v.iter().position(|e| e.addr == addr) {
+        if let Some(i) = v.iter().position(|e| e.addr == addr && e.leased == leased) {
             v[i].count -= 1;
             if v[i].count == 0 {
                 v.swap_remove(i);
@@ -132,20 +164,47 @@ fn privatize(addr: usize, len: usize) -> bool {
     }
 }
 
+fn lock() {
+    while REGISTRY
+        .locked
+        .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+        .is_err()
+    {
+        std::hint::spin_loop();
+    }
+}
+
+/// Prepare handler: takes the registry's lock and keeps it across the fork, so that the
+/// child's copy of the list is never one another thread was changing.
 extern "C" fn before_fork() {
-    with(|v| {
-        let mut any = false;
-        for e in v.iter_mut().filter(|e| !e.private) {
-            e.private = privatize(e.addr, e.len);
-            any |= e.private;
-        }
-        if any {
-            EPOCH.fetch_add(1, Ordering::AcqRel);
-        }
-    });
+    lock();
+    // SAFETY: we hold the spin lock (until `in_parent` / `in_child`).
+    let v = unsafe { &mut *REGISTRY.views.get() };
+    let mut any = false;
+    for e in v.iter_mut().filter(|e| !e.private && !e.leased) {
+        e.private = privatize(e.addr, e.len);
+        any |= e.private;
+    }
+    if any {
+        EPOCH.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+extern "C" fn in_parent() {
+    REGISTRY.locked.store(false, Ordering::Release);
 }
 
 extern "C" fn in_child() {
-    // The child is single-threaded: a lock held by another thread at the fork is void.
+    // SAFETY: the prepare handler took the lock before the fork, and the child is
+    // single-threaded: the list is ours and consistent.
+    let views = unsafe { &mut *REGISTRY.views.get() };
+    let mut any = false;
+    for e in views.iter_mut().filter(|e| e.leased && !e.private) {
+        e.private = privatize(e.addr, e.len);
+        any |= e.private;
+    }
+    if any {
+        EPOCH.fetch_add(1, Ordering::AcqRel);
+    }
     REGISTRY.locked.store(false, Ordering::Release);
 }

@@ -273,6 +273,12 @@ impl SlotTable {
             && self.slot(idx).state() == BUSY
     }
 
+    /// The generation of slot `idx` if it is FREE (kept for reuse).
+    pub fn free_gen(&self, idx: usize) -> Option<u64> {
+        (idx < SLOTS && self.slot(idx).state() == FREE)
+            .then(|| self.slot(idx).gen.load(Ordering::Relaxed))
+    }
+
     /// Whether slot `idx` is busy with generation `gen` (a record's slot is still there).
     pub fn holds(&self, idx: usize, gen: u64) -> bool {
         self.is(idx, gen)
@@ -527,7 +533,10 @@ impl Default for SlotMaps {
 
 impl SlotMaps {
     /// The mapping of slot `t`: cached, else created (fresh slots) or attached by name.
-    pub fn get(&self, queue: &str, t: Taken) -> Result<Arc<Segment>> {
+    /// Cached mappings of generations the table no longer has (evicted or discarded slots)
+    /// are dropped on the way, so that evicted segments do not stay mapped in every process
+    /// (their memory is freed once the last mapping goes): views still holding one keep it.
+    pub fn get(&self, queue: &str, table: &SlotTable, t: Taken) -> Result<Arc<Segment>> {
         let map = || -> Result<Arc<Segment>> {
             let name = slot_name(queue, t.idx, t.gen);
             let seg = if t.fresh {
@@ -558,6 +567,14 @@ impl SlotMaps {
                 Err(TryLockError::WouldBlock) => return map(),
             }
         };
+        for (i, m) in guard.iter_mut().enumerate() {
+            if let Some((gen, _, _)) = m {
+                let s = table.slot(i);
+                if s.state() == EMPTY || s.gen.load(Ordering::Relaxed) != *gen {
+                    *m = None;
+                }
+            }
+        }
         let epoch = crate::forkviews::epoch();
         if let Some((gen, at, seg)) = &guard[t.idx] {
             if *gen == t.gen && *at == epoch {
@@ -567,6 +584,18 @@ impl SlotMaps {
         let seg = map()?;
         guard[t.idx] = Some((t.gen, epoch, seg.clone()));
         Ok(seg)
+    }
+}
+
+impl SlotMaps {
+    /// The (index, generation) of every cached mapping (tests).
+    #[cfg(test)]
+    pub fn cached(&self) -> Vec<(usize, u64)> {
+        let g = self.maps.lock().unwrap();
+        g.iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.as_ref().map(|(gen, _, _)| (i, *gen)))
+            .collect()
     }
 }
 

@@ -38,7 +38,7 @@ impl Queue {
                 None => return Ok(None),
             }
         };
-        match self.maps.get(self.name(), t) {
+        match self.maps.get(self.name(), &self.hdr().slots, t) {
             Ok(seg) => {
                 let lease = Lease::new(self.seg.clone(), Self::table_at(), t.idx, t.gen, me);
                 Ok(Some(WriterSlot { seg, lease }))

@@ -312,7 +312,7 @@ impl Queue {
                         size: 0,
                         fresh: false,
                     };
-                    match self.maps.get(self.name(), t) {
+                    match self.maps.get(self.name(), &self.hdr().slots, t) {
                         Ok(seg)
                             if r.offset
                                 .checked_add(r.len)
@@ -343,7 +343,7 @@ impl Queue {
                         size: 0,
                         fresh: false,
                     };
-                    match self.maps.get(self.name(), t) {
+                    match self.maps.get(self.name(), &self.hdr().slots, t) {
                         Ok(seg) => out[i].side = Some(self.lease(idx, gen, seg, me)),
                         Err(e) => {
                             if let Ok(_g) =

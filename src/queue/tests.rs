@@ -251,6 +251,14 @@ fn a_larger_message_evicts_a_free_smaller_segment() {
         Segment::attach(&small_name).is_err(),
         "evicted segments are unlinked"
     );
+    drop(c);
+    // ... and no longer mapped by this process (its slot cache kept every evicted one).
+    for (idx, gen) in q.maps.cached() {
+        assert!(
+            q.hdr().slots.holds(idx, gen) || q.hdr().slots.free_gen(idx) == Some(gen),
+            "slot {idx} generation {gen} was evicted but stays mapped"
+        );
+    }
     let (kept, cap) = q.pool_bytes();
     assert!(kept >= 120_000 && kept <= cap, "{kept} {cap}");
 }

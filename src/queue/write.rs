@@ -192,7 +192,7 @@ impl Queue {
                 unsafe { write_body(self.body_ptr(res.pos), parts) };
                 Ok(())
             }
-            Some(SideTo::Slot(t)) => match self.maps.get(self.name(), *t) {
+            Some(SideTo::Slot(t)) => match self.maps.get(self.name(), &self.hdr().slots, *t) {
                 Ok(seg) => {
                     // SAFETY: the slot's segment holds at least `body_len(parts)` bytes
                     // (checked by SlotMaps::get) and is ours (BUSY, holder us) until commit.
