@@ -165,16 +165,16 @@ def test_a_corrupt_header_is_refused_at_attach():
 def test_a_corrupt_record_is_an_error_not_a_crash(where):
     q = Queue(capacity_bytes=1 << 16)
     q.put(1, 0, [b"abc", b"defgh"])
-    ring = 4096  # the first record starts the ring; its body follows its 64-byte header
+    ring = 6 * 4096  # the first record starts the ring; its body follows its 64-byte header
     with open(_shm_file(q), "r+b") as f:
         if where == "part_length":
             f.seek(ring + 64 + 8)
             f.write((1 << 40).to_bytes(8, "little"))
         elif where == "part_count":
-            f.seek(ring + 12)
+            f.seek(ring + 16)  # the record's part count
             f.write((1 << 20).to_bytes(4, "little"))
         else:
-            f.seek(ring + 24)  # the record's size
+            f.seek(ring + 32)  # the record's size
             f.write((7).to_bytes(8, "little"))
     with pytest.raises(SharedMemoryError, match="corrupt"):
         q.get(timeout=1)
