@@ -84,6 +84,7 @@ impl Queue {
         loop {
             let seen = h.data_seq.0.load(Ordering::SeqCst);
             let mut sides = Vec::new();
+            let mut map_err = None;
             match self.lock_until(deadline) {
                 Ok(_g) => {
                     let me = self.party()?;
@@ -147,12 +148,16 @@ impl Queue {
                     // One store makes the claims ours: a death before it leaves the records
                     // READING at or after `read`, which repair gives back as READY.
                     h.read.store(read, Ordering::Release);
+                    // Map the side segments while the lock is held: a repair that judged
+                    // this process dead (while it is alive) could otherwise unlink a name
+                    // between the claim and the mapping, and the message would be lost.
+                    map_err = self.map_sides(&mut out, std::mem::take(&mut sides), me);
                 }
                 Err(CoreError::Busy { .. }) => {}
                 Err(e) => return Err(e),
             }
             if !out.is_empty() {
-                self.open_sides(&mut out, sides)?;
+                self.check_tables(&mut out, map_err)?;
                 return Ok(out);
             }
             if h.closed.load(Ordering::SeqCst) != 0 && h.pending.load(Ordering::Relaxed) == 0 {
@@ -286,12 +291,17 @@ impl Queue {
         String::from_utf8_lossy(&buf).into_owned()
     }
 
-    /// Maps side segments and reads every claim's part table, checking it against the memory
-    /// that holds the body. A claim that fails is abandoned (and the error returned after all
-    /// claims are given back).
-    fn open_sides(&self, out: &mut [Claimed], sides: Vec<(usize, SideRef)>) -> Result<()> {
+    /// Under the lock: maps the side segments of fresh claims. A side that cannot be mapped
+    /// is discarded; the first error is returned (the claims are given back by
+    /// [`Queue::check_tables`], after the lock).
+    fn map_sides(
+        &self,
+        out: &mut [Claimed],
+        sides: Vec<(usize, SideRef)>,
+        me: u32,
+    ) -> Option<CoreError> {
         let mut err = None;
-        let me = self.party()?;
+        let h = self.hdr();
         for (i, side) in sides {
             match side {
                 SideRef::OneShot(name) => match Segment::attach(&name) {
@@ -312,7 +322,7 @@ impl Queue {
                         size: 0,
                         fresh: false,
                     };
-                    match self.maps.get(self.name(), &self.hdr().slots, t) {
+                    match self.maps.get(self.name(), &h.slots, t) {
                         Ok(seg)
                             if r.offset
                                 .checked_add(r.len)
@@ -322,11 +332,7 @@ impl Queue {
                             out[i].refs.push((r.part as usize, buf, r.offset, r.len));
                         }
                         other => {
-                            if let Ok(_g) =
-                                self.lock_until(Some(Instant::now() + super::ERROR_WAIT))
-                            {
-                                self.hdr().slots.discard(self.name(), idx, gen);
-                            }
+                            h.slots.discard(self.name(), idx, gen);
                             err.get_or_insert(other.err().unwrap_or_else(|| {
                                 CoreError::BadSegment(format!(
                                     "{}: a part sent by reference lies outside its slot",
@@ -343,20 +349,23 @@ impl Queue {
                         size: 0,
                         fresh: false,
                     };
-                    match self.maps.get(self.name(), &self.hdr().slots, t) {
+                    match self.maps.get(self.name(), &h.slots, t) {
                         Ok(seg) => out[i].side = Some(self.lease(idx, gen, seg, me)),
                         Err(e) => {
-                            if let Ok(_g) =
-                                self.lock_until(Some(Instant::now() + super::ERROR_WAIT))
-                            {
-                                self.hdr().slots.discard(self.name(), idx, gen);
-                            }
+                            h.slots.discard(self.name(), idx, gen);
                             err.get_or_insert(e);
                         }
                     }
                 }
             }
         }
+        err
+    }
+
+    /// After the lock: reads every claim's part table, checking it against the memory that
+    /// holds the body. On any error (this one's or `err`, from mapping), every claim is
+    /// given back (released) and the first error returned.
+    fn check_tables(&self, out: &mut [Claimed], mut err: Option<CoreError>) -> Result<()> {
         for c in out.iter_mut() {
             let rec = self.rec(c.pos);
             let n = rec.nparts.load(Ordering::Relaxed) as usize;
