@@ -54,6 +54,19 @@ def test_readers_killed_at_random_leave_the_queue_consistent():
     assert len(out.missing) <= crash_torture.READ_BATCH * out.reader_kills
 
 
+def test_live_writers_judged_dead_lose_nothing_acknowledged_and_wedge_nothing():
+    # A live writer's liveness token is deleted mid-stream (by hand, by systemd-logind's
+    # RemoveIPC, by a sweep), and it is stopped a while wherever it was (copying a body,
+    # committing) while the others may judge it dead, then resumed before it is killed. Its
+    # late commits must be refused (its put raises, so nothing was acknowledged), never
+    # land behind `read`: before, such a commit lost an acknowledged message and pinned the
+    # tail for good (audit passed).
+    out = crash_torture.run(kills=160, victims="writers", seed=21, false_deaths=0.6)
+    _check(out)
+    assert out.false_deaths > 50
+    assert out.missing == set(), f"{len(out.missing)} acknowledged messages were lost"
+
+
 def test_writers_sending_by_reference_killed_at_random_leak_no_slot():
     # Writers lease slots, fill them and send them by reference; kills land between any two
     # steps (holding a lease, mid hand-over, mid commit).
