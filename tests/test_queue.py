@@ -304,3 +304,41 @@ def test_shared_memory_errors_are_clear():
     with pytest.raises(SharedMemoryError, match="/dev/shm"):
         Queue(capacity_bytes=1 << 39)
     assert sweep_stale_segments() >= 0
+
+
+@pytest.mark.timeout(300)
+def test_two_hundred_live_processes_share_one_queue():
+    # The party table held 64 live processes: the 65th was refused ("more than 64 live
+    # processes use queue"). 200 forked children each put one message and stay alive until
+    # the parent has read them all.
+    n = 200
+    q = Queue(capacity_bytes=1 << 20, max_messages=1024)
+    r, w = os.pipe()
+    pids = []
+    try:
+        for i in range(n):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.close(w)
+                    q.put(i, 0, b"from %d" % i, timeout=60)
+                    os.read(r, 1)  # returns once the parent closes its end: all alive at once
+                    code = 0
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        got = []
+        for _ in range(n):
+            try:
+                got.append(q.get(timeout=30))
+            except QueueEmpty:
+                break
+    finally:
+        os.close(w)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+        os.close(r)
+    assert codes == [0] * n, f"{codes.count(1)} children failed to put"
+    assert sorted(seq for seq, _, _ in got) == list(range(n))
+    assert all(parts[0] == b"from %d" % seq for seq, _, parts in got)
+    q.audit()
