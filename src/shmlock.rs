@@ -13,7 +13,7 @@
 //! same holder, seen for a nap or more since it last asked, the waiter asks whether the
 //! holder's *registration* is alive (its token still current and its liveness token,
 //! kernel-vouched, see [`crate::liveness`], still held) and takes the lock over from a dead
-//! holder with one compare-and-swap of the whole word it probed ([`take_over`]).
+//! holder with one compare-and-swap of the whole word it probed (`take_over`).
 //!
 //! Takeover is on identity, not on a reusable number: the compare-and-swap succeeds only if
 //! the word still holds the very token whose death was seen. A waiter that stalls between its
