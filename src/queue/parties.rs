@@ -62,13 +62,13 @@ pub fn split(t: u32) -> (u32, u32) {
 #[repr(C)]
 pub struct PartyTable {
     /// Packed identities; 0 is a free entry. Party `p` (1-based) is entry `p - 1`.
-    /// Invariant: changed only by one compare-and-swap (register, adopt, free), and every
-    /// change that puts an identity in is followed by one increment of `gens[p - 1]` before
-    /// the registrant uses its token.
+    /// Invariant: changed only by one compare-and-swap (register, adopt, free, give back),
+    /// and every register, adopt and free is followed by one increment of `gens[p - 1]`
+    /// (before a registrant uses its token).
     ids: [AtomicU64; PARTIES],
     /// Per entry: its generation (wrapping, [`GEN_BITS`] used). Only ever incremented, by the
-    /// process that just put its identity into the entry; a token is current while its
-    /// generation equals this.
+    /// process that just put its identity into the entry or freed it; a token is current
+    /// while its generation equals this.
     gens: [AtomicU32; PARTIES],
     /// Per party: readers asleep (low 16 bits) and writers asleep (high 16 bits). Changed only
     /// by the party itself (atomic add/sub), and swapped to 0 (its value subtracted from the
@@ -184,13 +184,11 @@ impl PartyTable {
         current().then_some(id)
     }
 
-    /// Whether token `t` is still its entry's registration (cheap: two loads, no probe).
+    /// Whether token `t` is still its entry's registration (one load, no probe): the
+    /// generation moves on whenever an entry is freed or registered.
     pub fn current(&self, t: u32) -> bool {
         let (p, g) = split(t);
-        Self::entry(p).is_some_and(|i| {
-            self.gens[i].load(Ordering::Acquire) & GEN_MASK == g
-                && self.ids[i].load(Ordering::Relaxed) != 0
-        })
+        Self::entry(p).is_some_and(|i| self.gens[i].load(Ordering::Acquire) & GEN_MASK == g)
     }
 
     /// Whether the registration token `t` names is alive. A stale token (its entry freed or
@@ -229,6 +227,9 @@ impl PartyTable {
                     .compare_exchange(was, 0, Ordering::AcqRel, Ordering::Relaxed)
                     .is_ok() =>
             {
+                // The freed registration's tokens go stale at once (not only at the next
+                // registration): `current` needs one load.
+                self.gens[i].fetch_add(1, Ordering::AcqRel);
                 self.waits[i].swap(0, Ordering::AcqRel)
             }
             _ => 0,

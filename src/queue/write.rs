@@ -24,6 +24,8 @@ enum SideTo {
 pub(super) struct Reservation {
     pub pos: u64,
     side: Option<SideTo>,
+    /// The writer's token, as stored in the record and the slot.
+    me: u32,
 }
 
 impl Queue {
@@ -165,7 +167,11 @@ impl Queue {
         }
         locked_add(&h.n_msgs, 1);
         locked_add(&h.pending, 1);
-        Some(Reservation { pos: head, side })
+        Some(Reservation {
+            pos: head,
+            side,
+            me,
+        })
     }
 
     /// Writes the parts of a reserved message and commits it (or abandons it on error).
@@ -178,7 +184,7 @@ impl Queue {
     pub(super) fn fill_and_commit(&self, res: Reservation, parts: &[&[u8]]) -> Result<()> {
         let rec = self.rec(res.pos);
         let h = self.hdr();
-        let me = self.party()?;
+        let me = res.me;
         let judged_dead = || {
             CoreError::JudgedDead(format!(
                 "message {} of queue {}",
