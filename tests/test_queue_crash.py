@@ -15,7 +15,14 @@ import time
 import crash_torture
 import pytest
 from easycore._core import Queue, ReorderBuffer, owner_alive, sweep_stale_segments
-from easycore.errors import InvalidArgument, QueueClosed, QueueEmpty, QueueFull, SharedMemoryError
+from easycore.errors import (
+    EasycoreTimeoutError,
+    InvalidArgument,
+    QueueClosed,
+    QueueEmpty,
+    QueueFull,
+    SharedMemoryError,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -433,3 +440,45 @@ def test_a_forked_child_keeps_the_zero_copy_array_it_inherited():
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_a_stopped_lock_holder_bounds_every_call_and_a_kill_frees_the_lock():
+    # The lock is held by a live process that is stopped (SIGSTOP): a get or put with a
+    # timeout, and a recovery, must each come back (an error or a result), never hang; once
+    # the holder is killed, the next call takes the lock over.
+    q = Queue(capacity_bytes=1 << 16, max_messages=4)
+    q.put(1, 0, b"mine")  # this process: party 1, first registration
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            q.put(2, 0, b"child")  # the child: party 2, first registration
+            code = 0
+        finally:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            os._exit(code)
+    try:
+        _, status = os.waitpid(pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        # The lock word (offset 128) names the child's registration: party 2, generation 1.
+        with open(_shm_file(q), "r+b") as f:
+            f.seek(128)
+            f.write((2 | 1 << 11).to_bytes(4, "little"))
+        for _ in range(2):
+            with pytest.raises(QueueEmpty):
+                q.get(timeout=2)
+            with pytest.raises(QueueFull):
+                q.put(3, 0, [b"x"] * 2, timeout=2)
+            assert q.recover() == 0
+            with pytest.raises(EasycoreTimeoutError):
+                q.audit(timeout=1)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        assert [q.get(timeout=10)[0] for _ in range(2)] == [1, 2]
+        q.audit()
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass
