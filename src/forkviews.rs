@@ -16,11 +16,12 @@
 //!
 //! A writer's *leased* slot (an `easycore.shm` array or a `ShmLease` the process fills in
 //! place, `queue::byref`) is the other way round: the parent goes on writing into the shared
-//! segment and sends it, so its mapping must stay shared in the parent. There, the *child*
-//! makes its inherited copy private (in the `pthread_atfork` child handler, before any other
-//! code of the child runs): the child's array keeps the bytes it had at the fork, its writes
-//! never reach the parent's slot (nor the next message once the slot is reused), and the
-//! parent's later writes never reach the child.
+//! segment and sends it, so its mapping must stay shared in the parent. There, the prepare
+//! handler copies the lease into fresh anonymous memory, and the *child* handler moves that
+//! copy over its inherited mapping (before any other code of the child runs; the parent
+//! unmaps its copy): the child's array keeps the bytes it had at the fork, its writes never
+//! reach the parent's slot (nor the next message once the slot is reused), and the parent's
+//! later writes never reach the child.
 //!
 //! Costs and limits: the copy is made only for views alive at the moment of the fork, once per
 //! view (for leases, once per fork in each child). A write made into such a view by another thread *during* the fork (numpy releases the
@@ -39,6 +40,9 @@ struct View {
     private: bool,
     /// A writer's lease: made private in the child after a fork, never in the parent.
     leased: bool,
+    /// A lease's copy made just before a fork (0: none): it becomes the child's mapping, and
+    /// the parent unmaps it.
+    snapshot: usize,
 }
 
 /// A spin-locked list (a `Mutex` could be left locked in the child by another thread).
@@ -104,6 +108,7 @@ fn add(addr: *mut u8, len: usize, leased: bool) {
                 count: 1,
                 private: false,
                 leased,
+                snapshot: 0,
             }),
         },
     );
@@ -131,11 +136,10 @@ fn remove(addr: *mut u8, leased: bool) {
     });
 }
 
-/// Replaces the mapping at `addr` with a private copy of its bytes, at the same address.
-fn privatize(addr: usize, len: usize) -> bool {
-    // SAFETY: `addr..addr+len` is a live mapping of ours (registered by a view that holds it);
-    // the new anonymous mapping is ours; mremap with MREMAP_FIXED atomically replaces the old
-    // mapping at `addr` with the copy, so the range is mapped at every instant.
+/// A private anonymous copy of `len` bytes at `addr`; its address, or `None`.
+fn copy_of(addr: usize, len: usize) -> Option<usize> {
+    // SAFETY: `addr..addr+len` is a live mapping of ours (registered by a view or a lease
+    // that holds it); the new anonymous mapping is ours.
     unsafe {
         let tmp = libc::mmap(
             std::ptr::null_mut(),
@@ -146,22 +150,37 @@ fn privatize(addr: usize, len: usize) -> bool {
             0,
         );
         if tmp == libc::MAP_FAILED {
-            return false;
+            return None;
         }
         std::ptr::copy_nonoverlapping(addr as *const u8, tmp.cast::<u8>(), len);
+        Some(tmp as usize)
+    }
+}
+
+/// Moves the private mapping at `tmp` over the mapping at `addr` (same length): the range is
+/// mapped at every instant. Unmaps `tmp` if that fails.
+fn put_over(tmp: usize, addr: usize, len: usize) -> bool {
+    // SAFETY: `tmp` is our anonymous mapping of `len` bytes, `addr..addr+len` a live mapping
+    // of ours; mremap with MREMAP_FIXED atomically replaces the latter with the former.
+    unsafe {
         let r = libc::mremap(
-            tmp,
+            tmp as *mut libc::c_void,
             len,
             len,
             libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
             addr as *mut libc::c_void,
         );
         if r == libc::MAP_FAILED {
-            libc::munmap(tmp, len);
+            libc::munmap(tmp as *mut libc::c_void, len);
             return false;
         }
         true
     }
+}
+
+/// Replaces the mapping at `addr` with a private copy of its bytes, at the same address.
+fn privatize(addr: usize, len: usize) -> bool {
+    copy_of(addr, len).is_some_and(|tmp| put_over(tmp, addr, len))
 }
 
 fn lock() {
@@ -175,15 +194,22 @@ fn lock() {
 }
 
 /// Prepare handler: takes the registry's lock and keeps it across the fork, so that the
-/// child's copy of the list is never one another thread was changing.
+/// child's copy of the list is never one another thread was changing. Views are made private
+/// here (in the parent); leases are copied, and the copy becomes the child's mapping: a
+/// snapshot as of the fork, which the parent's later writes cannot reach (a copy made in the
+/// child would race with them).
 extern "C" fn before_fork() {
     lock();
     // SAFETY: we hold the spin lock (until `in_parent` / `in_child`).
     let v = unsafe { &mut *REGISTRY.views.get() };
     let mut any = false;
-    for e in v.iter_mut().filter(|e| !e.private && !e.leased) {
-        e.private = privatize(e.addr, e.len);
-        any |= e.private;
+    for e in v.iter_mut().filter(|e| !e.private) {
+        if e.leased {
+            e.snapshot = copy_of(e.addr, e.len).unwrap_or(0);
+        } else {
+            e.private = privatize(e.addr, e.len);
+            any |= e.private;
+        }
     }
     if any {
         EPOCH.fetch_add(1, Ordering::AcqRel);
@@ -191,6 +217,13 @@ extern "C" fn before_fork() {
 }
 
 extern "C" fn in_parent() {
+    // SAFETY: we hold the spin lock (taken by `before_fork`).
+    let v = unsafe { &mut *REGISTRY.views.get() };
+    for e in v.iter_mut().filter(|e| e.snapshot != 0) {
+        // SAFETY: the snapshot is our anonymous mapping of `len` bytes, used by no one.
+        unsafe { libc::munmap(e.snapshot as *mut libc::c_void, e.len) };
+        e.snapshot = 0;
+    }
     REGISTRY.locked.store(false, Ordering::Release);
 }
 
@@ -199,8 +232,9 @@ extern "C" fn in_child() {
     // single-threaded: the list is ours and consistent.
     let views = unsafe { &mut *REGISTRY.views.get() };
     let mut any = false;
-    for e in views.iter_mut().filter(|e| e.leased && !e.private) {
-        e.private = privatize(e.addr, e.len);
+    for e in views.iter_mut().filter(|e| e.snapshot != 0) {
+        e.private = put_over(e.snapshot, e.addr, e.len);
+        e.snapshot = 0;
         any |= e.private;
     }
     if any {

@@ -342,3 +342,41 @@ def test_two_hundred_live_processes_share_one_queue():
     assert sorted(seq for seq, _, _ in got) == list(range(n))
     assert all(parts[0] == b"from %d" % seq for seq, _, parts in got)
     q.audit()
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_keeps_its_leased_slot_when_the_parent_reuses_it():
+    # A leased slot stayed shared with a forked child: once the parent let it go and the
+    # slot carried the next message, the child's array changed under it, and the child's
+    # writes corrupted that message.
+    n = 1 << 20
+    q = Queue(capacity_bytes=1 << 20, pool_bytes=8 << 20)
+    lease = q.lease(n)
+    assert lease is not None
+    mv = memoryview(lease).cast("B")
+    mv[:] = b"\x01" * n
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.read(go_r, 1)  # the parent has reused the slot
+            kept = bytes(mv) == b"\x01" * n
+            mv[:] = b"\x07" * n  # must not reach the parent's message
+            code = 0 if kept else 3
+        finally:
+            os.write(done_w, b"x")
+            os._exit(code)
+    mv.release()
+    del mv, lease  # the slot is free for the next large message
+    data = b"\x02" * (n - 8192)
+    q.put(1, 0, [b"hdr", data])
+    os.write(go_w, b"x")
+    os.read(done_r, 1)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    _, _, parts = q.get(timeout=10)
+    assert bytes(parts[1]) == data, "the child's writes reached the parent's message"
+    assert code == 0, "the child's leased array changed when the parent reused its slot"
+    for fd in (go_r, go_w, done_r, done_w):
+        os.close(fd)
