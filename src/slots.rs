@@ -68,6 +68,13 @@ use std::time::{Duration, Instant};
 /// Slots per queue.
 pub const SLOTS: usize = 64;
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: the next `evict` on this thread stops (panics) after its first step, as a
+    /// process killed there would.
+    pub static DIE_IN_EVICT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 const EMPTY: u32 = 0;
 const FREE: u32 = 1;
 const BUSY: u32 = 2;
@@ -261,6 +268,10 @@ impl SlotTable {
         // sweep removes it once the owner is gone), never a FREE slot with no segment behind it
         // (which the next take would hand out, losing its message).
         s.set(EMPTY, 0);
+        #[cfg(test)]
+        if DIE_IN_EVICT.with(|d| d.replace(false)) {
+            panic!("died inside evict, after its first step");
+        }
         let _ = unlink_name(&slot_name(queue, idx, s.gen.load(Ordering::Relaxed)));
         s.size.store(0, Ordering::Relaxed);
         self.pool_bytes.fetch_sub(size, Ordering::Relaxed);

@@ -951,3 +951,33 @@ fn a_stale_token_is_dead_even_when_its_number_is_registered_again() {
     assert!(h.parties.identity(old).is_none());
     assert_eq!(h.parties.identity(new), Some(id));
 }
+
+#[test]
+fn a_death_inside_evict_loses_no_later_message() {
+    // Evicting a free slot takes two steps (mark it EMPTY, unlink its segment's name). A
+    // death between them must not leave a FREE slot whose name is gone: the next large
+    // message would go into it, and a reader mapping it by name would lose it.
+    let q = pooled(Some(150_000));
+    let reader = Queue::attach(q.name()).unwrap();
+    let d = Some(Instant::now() + Duration::from_secs(10));
+    let a = big(40_000, 1);
+    q.put(1, 0, &[b"hdr", &a], None).unwrap();
+    let (mut c, _) = claim_big(&q, &a);
+    q.release(&mut c);
+    drop(c);
+    // A larger message evicts the free one; the writer dies inside the eviction.
+    crate::slots::DIE_IN_EVICT.with(|x| x.set(true));
+    let b = big(120_000, 2);
+    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = q.put(2, 0, &[b"hdr", &b], d);
+    }));
+    assert!(died.is_err());
+    q.recover();
+    // The next message of the evicted slot's size goes through, read by another handle
+    // (which maps slots by name).
+    q.put(3, 0, &[b"hdr", &a], d).unwrap();
+    let (mut c, _) = claim_big(&reader, &a);
+    assert_eq!(c[0].seq, 3);
+    reader.release(&mut c);
+    q.audit(d).unwrap();
+}
