@@ -57,7 +57,6 @@ pub struct ShmLock {
 pub(crate) trait Word {
     fn load(&self) -> u32;
     fn cas(&self, cur: u32, new: u32, success: Ordering) -> Result<u32, u32>;
-    fn swap(&self, new: u32) -> u32;
 }
 
 impl Word for AtomicU32 {
@@ -66,9 +65,6 @@ impl Word for AtomicU32 {
     }
     fn cas(&self, cur: u32, new: u32, success: Ordering) -> Result<u32, u32> {
         self.compare_exchange(cur, new, success, Ordering::Relaxed)
-    }
-    fn swap(&self, new: u32) -> u32 {
-        AtomicU32::swap(self, new, Ordering::Release)
     }
 }
 
@@ -86,15 +82,27 @@ pub(crate) fn take_over<W: Word>(w: &W, seen: u32, me: u32, alive: impl Fn(u32) 
     holder != 0 && !alive(holder) && w.cas(seen, me | CONTENDED, Ordering::Acquire).is_ok()
 }
 
-/// Protocol step: unlock; whether someone may be asleep (wake one).
-pub(crate) fn release<W: Word>(w: &W) -> bool {
-    w.swap(0) & CONTENDED != 0
+/// Protocol step: unlock by `me`; whether someone may be asleep (wake one). Only a word
+/// that still holds `me` is cleared: a holder whose lock was taken over (it was judged dead
+/// while it was alive, stopped say) never frees the new holder's lock.
+pub(crate) fn release<W: Word>(w: &W, me: u32) -> bool {
+    let mut cur = me;
+    loop {
+        match w.cas(cur, 0, Ordering::Release) {
+            Ok(_) => return cur & CONTENDED != 0,
+            // A waiter set CONTENDED meanwhile: clear the word with it.
+            Err(now) if now & !CONTENDED == me => cur = now,
+            Err(_) => return false, // not ours any more: taken over
+        }
+    }
 }
 
 /// Holds a [`ShmLock`] until dropped.
 pub struct ShmLockGuard<'a> {
     lock: &'a ShmLock,
     took_over: bool,
+    /// The holder's token, as in the lock word.
+    me: u32,
 }
 
 impl ShmLockGuard<'_> {
@@ -107,7 +115,7 @@ impl ShmLockGuard<'_> {
 
 impl Drop for ShmLockGuard<'_> {
     fn drop(&mut self) {
-        if release(&self.lock.word) {
+        if release(&self.lock.word, self.me) {
             wait::wake_one(&self.lock.word);
         }
     }
@@ -123,6 +131,7 @@ impl ShmLock {
                 return Some(ShmLockGuard {
                     lock: self,
                     took_over: false,
+                    me,
                 });
             }
             if backoff.is_completed() {
@@ -157,6 +166,7 @@ impl ShmLock {
                     return Some(ShmLockGuard {
                         lock: self,
                         took_over: false,
+                        me,
                     });
                 }
                 continue;
@@ -202,6 +212,7 @@ impl ShmLock {
                 return Some(ShmLockGuard {
                     lock: self,
                     took_over: true,
+                    me,
                 });
             }
         }
@@ -279,6 +290,25 @@ mod tests {
     }
 
     #[test]
+    fn a_holder_whose_lock_was_taken_over_does_not_free_the_new_holders() {
+        // Party 7 holds the lock and is judged dead while it is alive (stopped, say); party
+        // 1 takes the lock over. When 7 resumes and unlocks, 1 must still hold it.
+        let l = new_lock();
+        let g7 = l.try_lock(7).unwrap();
+        let g1 = l.lock(1, None, |p| p != 7).unwrap();
+        assert!(g1.took_over());
+        drop(g7);
+        assert_eq!(
+            l.holder(),
+            1,
+            "the old holder's unlock freed the new holder's lock"
+        );
+        assert!(l.try_lock(2).is_none());
+        drop(g1);
+        assert_eq!(l.holder(), 0);
+    }
+
+    #[test]
     fn a_holder_seen_at_every_wake_up_is_asked_at_most_once_a_nap() {
         // A busy holder that takes the lock again before each woken waiter runs looks, to
         // the waiter, like wake-ups with the same holder: simulated here by waking it while
@@ -347,9 +377,6 @@ mod takeover_model {
         fn cas(&self, cur: u32, new: u32, success: Ordering) -> Result<u32, u32> {
             self.0
                 .compare_exchange(cur, new, success, Ordering::Relaxed)
-        }
-        fn swap(&self, new: u32) -> u32 {
-            self.0.swap(new, Ordering::Release)
         }
     }
 
@@ -477,7 +504,7 @@ mod takeover_model {
         }
 
         /// Inside the lock: counts itself in and out; `repair` frees dead identities' entries.
-        fn inside(&self, repair: bool) {
+        fn inside(&self, me: u32, repair: bool) {
             if self.inside.fetch_add(1, Ordering::AcqRel) != 0 {
                 self.two_inside
                     .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
@@ -491,7 +518,7 @@ mod takeover_model {
                 }
             }
             self.inside.fetch_sub(1, Ordering::AcqRel);
-            release(&self.word);
+            release(&self.word, me);
         }
     }
 
@@ -505,7 +532,7 @@ mod takeover_model {
             let m = m.clone();
             thread::spawn(move || {
                 if m.lock(ta, |t| m.alive(t)).is_some() {
-                    m.inside(false);
+                    m.inside(ta, false);
                 }
             })
         };
@@ -513,7 +540,7 @@ mod takeover_model {
             let m = m.clone();
             thread::spawn(move || {
                 if let Some(took_over) = m.lock(tb, |t| m.alive(t)) {
-                    m.inside(took_over);
+                    m.inside(tb, took_over);
                 }
             })
         };
@@ -526,7 +553,7 @@ mod takeover_model {
                     // generations, the dead holder's token is simply stale.
                     let alive = |t: u32| (with_generation || t != tc) && m.alive(t);
                     if let Some(took_over) = m.lock(tc, alive) {
-                        m.inside(took_over);
+                        m.inside(tc, took_over);
                     }
                 }
             })
