@@ -355,7 +355,8 @@ mod tests {
 ///   lock over from the dead holder of its entry, as `Queue::party` does) and takes the lock.
 ///
 /// Each thread that gets in counts itself inside; two inside at once is the bug.
-/// `with_generation = false` is the old protocol (a token is the bare party number), and the
+/// `with_generation = false` is the old protocol (a token is the bare party number, and an
+/// unlock clears the word whoever holds it), and the
 /// checker finds two processes inside (the ABA: A probed X dead, stalled; B took over and
 /// freed entry 1; C registered there and took the lock; A's compare-and-swap on the old word
 /// succeeded). With generations it never does.
@@ -518,7 +519,11 @@ mod takeover_model {
                 }
             }
             self.inside.fetch_sub(1, Ordering::AcqRel);
-            release(&self.word, me);
+            if self.with_generation {
+                release(&self.word, me);
+            } else {
+                self.word.0.swap(0, Ordering::Release); // the old unlock, whoever holds it
+            }
         }
     }
 
