@@ -380,3 +380,36 @@ def test_a_forked_child_keeps_its_leased_slot_when_the_parent_reuses_it():
     assert code == 0, "the child's leased array changed when the parent reused its slot"
     for fd in (go_r, go_w, done_r, done_w):
         os.close(fd)
+
+
+def test_a_get_that_runs_out_of_memory_loses_no_message():
+    # Building the Python objects of a message that was already taken from the queue can
+    # fail (MemoryError); the message must then stay with the handle for the next get, in
+    # order. Before, get_many released its claims anyway and a small get's message was gone
+    # (or the call panicked).
+    testcapi = pytest.importorskip("_testcapi")
+    n = 40
+    q = Queue(capacity_bytes=1 << 20)
+    for i in range(n):
+        q.put(i, 0, [b"head%d" % i, b"x" * 100])
+    got: list[int] = []
+    failures = 0
+    for k in range(n):
+        try:
+            testcapi.set_nomemory(k % 12, k % 12 + 1)  # the (k % 12)th allocation fails
+            try:
+                m = q.get_many(3, timeout=1) if k % 2 else q.get(timeout=1)
+            finally:
+                testcapi.remove_mem_hooks()
+        except MemoryError:
+            failures += 1
+            continue
+        if k % 2:
+            got.extend(seq for seq, _, _ in m)
+        else:
+            got.append(m[0])
+    while len(got) < n:
+        got.extend(seq for seq, _, _ in q.get_many(8, timeout=5))
+    assert failures > 5, "no allocation failed: the test tested nothing"
+    assert got == list(range(n))
+    q.audit()
