@@ -119,7 +119,8 @@ fn new_list<'py, T>(py: Python<'py>, items: &[Bound<'py, T>]) -> PyResult<Bound<
     // SAFETY: PyList_New returns a new reference or NULL (checked); PyList_SetItem steals the
     // new reference it is given, into a slot of a list nobody else has seen yet.
     unsafe {
-        let list = Bound::from_owned_ptr_or_err(py, ffi::PyList_New(items.len() as ffi::Py_ssize_t))?;
+        let list =
+            Bound::from_owned_ptr_or_err(py, ffi::PyList_New(items.len() as ffi::Py_ssize_t))?;
         for (i, it) in items.iter().enumerate() {
             ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, it.clone().into_ptr());
         }
@@ -197,9 +198,11 @@ impl PyQueue {
                 Some(Pending::Ready(t)) => Ok(vec![t.into_bound(py)]),
                 Some(Pending::Built(seq, kind, objs)) => {
                     let bound: Vec<_> = objs.iter().map(|o| o.bind(py).clone()).collect();
-                    message(py, seq, kind, &bound).map(|m| vec![m]).inspect_err(|_| {
-                        self.stash_front(Pending::Built(seq, kind, objs));
-                    })
+                    message(py, seq, kind, &bound)
+                        .map(|m| vec![m])
+                        .inspect_err(|_| {
+                            self.stash_front(Pending::Built(seq, kind, objs));
+                        })
                 }
                 Some(Pending::Claims(mut claims)) => {
                     let want = max - out.len();

@@ -76,6 +76,19 @@ impl Queue {
             && pos.checked_add(size).is_some_and(|e| e <= head)
     }
 
+    /// Whether positions `lo <= hi` are further apart than one ring (or out of order): a
+    /// corrupt segment, whose records must not be walked.
+    pub(super) fn apart(&self, lo: u64, hi: u64) -> bool {
+        hi.checked_sub(lo).map_or(true, |d| d > self.ring_size)
+    }
+
+    fn corrupt_positions(&self, lo: u64, hi: u64) -> CoreError {
+        CoreError::BadSegment(format!(
+            "{}: corrupt positions {lo} and {hi} (more than a ring apart)",
+            self.name()
+        ))
+    }
+
     /// Claims up to `max` committed messages in FIFO order; blocks for the first one until
     /// `deadline` (`None`: forever). Each claim must be given back to [`Queue::release`].
     pub fn claim(&self, max: usize, deadline: Option<Instant>) -> Result<Vec<Claimed>> {
@@ -90,6 +103,9 @@ impl Queue {
                     let me = self.party()?;
                     let head = h.head.load(Ordering::Relaxed);
                     let mut read = h.read.load(Ordering::Relaxed);
+                    if self.apart(read, head) {
+                        return Err(self.corrupt_positions(read, head));
+                    }
                     while read < head && out.len() < max.max(1) {
                         let rec = self.rec(read);
                         if !self.sane(read, rec, head) {
@@ -199,6 +215,9 @@ impl Queue {
         };
         let head = h.head.load(Ordering::Relaxed);
         let mut read = h.read.load(Ordering::Relaxed);
+        if self.apart(read, head) {
+            return Ok(Small::NotSmall); // let claim report it
+        }
         let found = loop {
             if read >= head {
                 break None;
@@ -443,6 +462,9 @@ impl Queue {
     pub(super) fn advance_tail(&self, h: &Header) {
         let read = h.read.load(Ordering::Relaxed);
         let mut tail = h.tail.load(Ordering::Relaxed);
+        if self.apart(tail, read) {
+            return; // corrupt positions: repair cuts them back, audit reports them
+        }
         let start = tail;
         while tail < read {
             let rec = self.rec(tail);

@@ -981,3 +981,25 @@ fn a_death_inside_evict_loses_no_later_message() {
     reader.release(&mut c);
     q.audit(d).unwrap();
 }
+
+#[test]
+fn positions_more_than_a_ring_apart_are_an_error_and_repair_cuts_them_back() {
+    let q = small(4096);
+    let d = Some(Instant::now() + Duration::from_secs(10));
+    q.put(1, 0, &[b"a"], None).unwrap();
+    let h = q.hdr();
+    let head = h.head.load(Ordering::Relaxed);
+    h.head.store(head + 1000 * q.ring_size(), Ordering::Relaxed);
+    assert!(q.audit(d).is_err());
+    assert!(matches!(q.claim(1, d), Err(CoreError::BadSegment(_))));
+    q.recover();
+    assert!(h.head.load(Ordering::Relaxed) - h.tail.load(Ordering::Relaxed) <= q.ring_size());
+    q.audit(d).unwrap();
+    // The queue goes on.
+    while let Ok(c) = q.claim(8, Some(Instant::now())) {
+        let mut c = c;
+        q.release(&mut c);
+    }
+    q.put(2, 0, &[b"b"], d).unwrap();
+    assert_eq!(get(&q, d).unwrap().0, 2);
+}
