@@ -17,6 +17,7 @@
 //! | a reader, in `take_small`'s copy | its record READING at `read` | given back as READY |
 //! | a reader, after its claim (record READING before `read`) | a message delivered to a dead process | marked ABANDONED (the reader had it) |
 //! | a reader, holding views of a pooled slot | a slot BUSY with a dead holder | slot discarded, its segment unlinked |
+//! | a reader judged dead that is alive, after its claim | records READING before `read`, slots BUSY(its token) | marked ABANDONED and its slots discarded, as for a dead reader; it lost nothing: `claim` maps every side segment before it lets go of the lock, its mappings outlive the names, and its release (a compare-and-swap from READING) leaves the repaired records alone |
 //! | anyone, in `slots.take`/`evict` | a slot half-changed, `pool_bytes` off | EMPTY slots zeroed, `pool_bytes` rebuilt |
 //! | a waiter, asleep | its sleeping count raised | when its entry is freed, its own count is taken off the totals (atomic, saturating: never a store racing live waiters) |
 //! | (a corrupt segment) | positions more than a ring apart, or a READY/WRITING record behind `read` | the walk stops at the ring's size; such records are abandoned so the tail passes them, and `audit()` reports them |
@@ -100,7 +101,7 @@ impl Queue {
                     h.slots.hand_to(r.slot as usize, r.gen, 0);
                 }
                 found += 1;
-            } else if (st == ST_WRITING && gone(owner)) || (st == ST_READING && gone(owner)) {
+            } else if matches!(st, ST_WRITING | ST_READING) && gone(owner) {
                 // Compare-and-swap: a writer judged dead that is in fact alive may commit
                 // at this very moment; exactly one of us wins.
                 if rec.change(pos, st, ST_ABANDONED) {
