@@ -44,9 +44,7 @@ impl Queue {
                 Ok(Some(WriterSlot { seg, lease }))
             }
             Err(e) => {
-                if let Ok(_g) = self.lock_until(Some(Instant::now() + super::ERROR_WAIT)) {
-                    h.slots.discard(self.name(), t.idx, t.gen);
-                }
+                self.discard_slots(vec![(t.idx, t.gen)], true);
                 Err(e)
             }
         }

@@ -130,9 +130,14 @@ pub struct Queue {
     spin: Duration,
     /// This process's mappings of slot segments.
     maps: SlotMaps,
-    /// `pid << 32 | party`: this process's party in the queue, registered on first use and
-    /// again in a forked child (whose pid differs).
+    /// `pid << 32 | token`: this process's party in the queue, registered on first use, in
+    /// a forked child (whose pid differs), and again once its registration went stale.
     me: AtomicU64,
+    /// Slots (index, generation) a failed write must discard and could not yet, not having
+    /// had the lock (its caller holds the GIL and only tries it): discarded by this handle's
+    /// next hold of the lock. `has_deferred` says whether the list may be non-empty.
+    deferred: std::sync::Mutex<Vec<(usize, u64)>>,
+    has_deferred: std::sync::atomic::AtomicBool,
 }
 
 impl Queue {
@@ -183,6 +188,8 @@ impl Queue {
             spin: Duration::from_micros(20),
             maps: SlotMaps::default(),
             me: AtomicU64::new(0),
+            deferred: std::sync::Mutex::new(Vec::new()),
+            has_deferred: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -388,13 +395,57 @@ impl Queue {
         if g.took_over() {
             self.repair(h);
         }
+        self.run_deferred();
         Ok(g)
+    }
+
+    /// Discards slots a failed write leaves: under the lock, waited for at most
+    /// [`ERROR_WAIT`] if `wait`, else only tried (the caller holds the GIL), and deferred to
+    /// this handle's next hold of the lock if it could not be had.
+    pub(crate) fn discard_slots(&self, slots: Vec<(usize, u64)>, wait: bool) {
+        if slots.is_empty() {
+            return;
+        }
+        let g = if wait {
+            self.lock_until(Some(Instant::now() + ERROR_WAIT)).ok()
+        } else {
+            self.try_lock().ok()
+        };
+        match g {
+            Some(_g) => {
+                for (idx, gen) in slots {
+                    self.hdr().slots.discard(self.name(), idx, gen);
+                }
+            }
+            None => {
+                self.deferred
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(slots);
+                self.has_deferred.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Under the lock: the discards deferred by [`Queue::discard_slots`].
+    fn run_deferred(&self) {
+        if !self.has_deferred.load(Ordering::Acquire) {
+            return;
+        }
+        // The flag first: a slot deferred meanwhile is either taken below or sets it again.
+        self.has_deferred.store(false, Ordering::Release);
+        let slots = std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()));
+        for (idx, gen) in slots {
+            self.hdr().slots.discard(self.name(), idx, gen);
+        }
     }
 
     /// Takes the lock only if it is free within a short spin (for callers holding the GIL).
     pub(crate) fn try_lock(&self) -> Result<ShmLockGuard<'_>> {
         let me = self.party()?;
-        self.hdr().lock.0.try_lock(me).ok_or_else(|| self.busy())
+        let g = self.hdr().lock.0.try_lock(me).ok_or_else(|| self.busy())?;
+        self.run_deferred();
+        Ok(g)
     }
 
     fn busy(&self) -> CoreError {

@@ -26,6 +26,9 @@ pub(super) struct Reservation {
     side: Option<SideTo>,
     /// The writer's token, as stored in the record and the slot.
     me: u32,
+    /// Whether cleanups after a failure may wait for the lock (a bounded wait), or only
+    /// try it, deferring what they could not do (the caller holds the GIL).
+    wait: bool,
 }
 
 impl Queue {
@@ -171,6 +174,7 @@ impl Queue {
             pos: head,
             side,
             me,
+            wait: true,
         })
     }
 
@@ -211,9 +215,7 @@ impl Queue {
                     }
                 }
                 Err(e) => {
-                    if let Ok(_g) = self.lock_until(Some(Instant::now() + super::ERROR_WAIT)) {
-                        h.slots.discard(self.name(), t.idx, t.gen);
-                    }
+                    self.discard_slots(vec![(t.idx, t.gen)], res.wait);
                     Err(e)
                 }
             },
@@ -226,13 +228,15 @@ impl Queue {
                 })
             }
         };
-        if outcome.is_err() && refs_count(rec) > 0 {
-            // Abandoned: the slots it sends by reference go with it.
-            if let Ok(_g) = self.lock_until(Some(Instant::now() + super::ERROR_WAIT)) {
-                if rec.stamped(res.pos) && rec.state() == ST_WRITING {
-                    self.discard_refs(res.pos, rec);
-                }
-            }
+        if outcome.is_err() && refs_count(rec) > 0 && rec.stamped(res.pos) {
+            // Abandoned: the slots it sends by reference go with it (a slot repair already
+            // discarded has another generation or none: discarding it again does nothing).
+            let slots = self
+                .refs_of(res.pos, rec)
+                .iter()
+                .map(|r| (r.slot as usize, r.gen))
+                .collect();
+            self.discard_slots(slots, res.wait);
         }
         let to = if outcome.is_ok() {
             ST_READY
@@ -324,13 +328,13 @@ impl Queue {
     /// that hold the GIL. Returns how many were put.
     pub fn try_put_many(&self, msgs: &[(u64, u32, &[&[u8]])]) -> Result<usize> {
         let g = self.try_lock()?;
-        self.put_locked(g, msgs)
+        self.put_locked(g, msgs, false)
     }
 
     /// As [`Queue::try_put_many`], but waits for the lock until `deadline`.
     fn put_some(&self, msgs: &[(u64, u32, &[&[u8]])], deadline: Option<Instant>) -> Result<usize> {
         let g = self.lock_until(deadline)?;
-        self.put_locked(g, msgs)
+        self.put_locked(g, msgs, true)
     }
 
     /// Reserves the first messages that fit under the lock `g`, releases it, then fills and
@@ -339,6 +343,7 @@ impl Queue {
         &self,
         g: crate::shmlock::ShmLockGuard<'_>,
         msgs: &[(u64, u32, &[&[u8]])],
+        wait: bool,
     ) -> Result<usize> {
         let h = self.hdr();
         let me = self.party()?;
@@ -362,7 +367,7 @@ impl Queue {
             for (slot, (seq, kind, parts)) in batch.iter_mut().zip(msgs) {
                 let (np, body) = (parts.len() as u32, body_len(parts));
                 match self.try_reserve(h, me, *seq, *kind, np, body, &[]) {
-                    Some(r) => *slot = Some(r),
+                    Some(r) => *slot = Some(Reservation { wait, ..r }),
                     None => break,
                 }
                 n += 1;
@@ -397,16 +402,17 @@ impl Queue {
     /// (a batch stopped at an earlier message's failure).
     fn give_up(&self, res: Reservation) {
         let rec = self.rec(res.pos);
-        let h = self.hdr();
-        if let Ok(_g) = self.lock_until(Some(Instant::now() + super::ERROR_WAIT)) {
-            if rec.stamped(res.pos) && rec.state() == ST_WRITING {
-                if let Some(SideTo::Slot(t)) = &res.side {
-                    h.slots.discard(self.name(), t.idx, t.gen);
-                }
-                self.discard_refs(res.pos, rec);
+        if rec.stamped(res.pos) && rec.state() == ST_WRITING {
+            let mut slots: Vec<(usize, u64)> = self
+                .refs_of(res.pos, rec)
+                .iter()
+                .map(|r| (r.slot as usize, r.gen))
+                .collect();
+            if let Some(SideTo::Slot(t)) = &res.side {
+                slots.push((t.idx, t.gen));
             }
+            self.discard_slots(slots, res.wait);
         }
-        // Without the lock, a slot stays ours until this process ends; the record goes.
         rec.change(res.pos, ST_WRITING, ST_ABANDONED);
         self.wake_readers(1);
     }
