@@ -199,6 +199,12 @@ pub(crate) struct Header {
     pub parties: PartyTable,
     /// The pool of side segments for large messages.
     pub slots: SlotTable,
+    /// When a waiter last started a dead-party scan (`recover`), in CLOCK_MONOTONIC
+    /// nanoseconds (one clock for every process of the machine): waiters whose sleep ends
+    /// without progress scan at most once a recovery tick *per queue*, not each once a tick
+    /// (a pool of hundreds of idle workers probed every party's token hundreds of times a
+    /// tick). A hint: any value is safe, at worst one scan too many or one tick late.
+    pub last_scan: AtomicU64,
 }
 
 /// The header of one record in the ring. Written by its reserver under the lock before `head`

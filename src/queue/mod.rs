@@ -138,6 +138,9 @@ pub struct Queue {
     /// next hold of the lock. `has_deferred` says whether the list may be non-empty.
     deferred: std::sync::Mutex<Vec<(usize, u64)>>,
     has_deferred: std::sync::atomic::AtomicBool,
+    /// Scans for the dead started by this handle's waiters (tests).
+    #[cfg(test)]
+    scans: AtomicU64,
 }
 
 impl Queue {
@@ -190,6 +193,8 @@ impl Queue {
             me: AtomicU64::new(0),
             deferred: std::sync::Mutex::new(Vec::new()),
             has_deferred: std::sync::atomic::AtomicBool::new(false),
+            #[cfg(test)]
+            scans: AtomicU64::new(0),
         }
     }
 
@@ -541,13 +546,33 @@ impl Queue {
                 h.parties.note_wait(me, side, false);
                 if word.load(Ordering::SeqCst) == seen {
                     self.close_if_owner_died();
-                    self.recover();
+                    self.recover_if_due();
                 }
                 return true;
             }
             backoff.snooze();
         }
         true
+    }
+
+    /// [`Queue::recover`], unless some waiter of this queue (in any process) started a scan
+    /// less than a recovery tick ago.
+    fn recover_if_due(&self) {
+        let h = self.hdr();
+        let now = wait::monotonic_ns();
+        let last = h.last_scan.load(Ordering::Relaxed);
+        let tick = RECOVER_TICK.as_nanos() as u64;
+        if now.wrapping_sub(last) < tick && last <= now {
+            return;
+        }
+        if h.last_scan
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            #[cfg(test)]
+            self.scans.fetch_add(1, Ordering::Relaxed);
+            self.recover();
+        }
     }
 
     /// Wakes sleeping readers after `n` commits (one each), all of them on close.

@@ -1003,3 +1003,33 @@ fn positions_more_than_a_ring_apart_are_an_error_and_repair_cuts_them_back() {
     q.put(2, 0, &[b"b"], d).unwrap();
     assert_eq!(get(&q, d).unwrap().0, 2);
 }
+
+#[test]
+fn many_idle_waiters_scan_for_the_dead_once_a_tick_between_them() {
+    // Every waiter whose sleep ended without progress scanned every party's token: hundreds
+    // of idle pool workers did so hundreds of times a tick. The scans are now shared.
+    let q = Arc::new(small(1 << 14));
+    q.party().unwrap();
+    let start = Instant::now();
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let q = q.clone();
+            thread::spawn(move || {
+                let d = Instant::now() + Duration::from_millis(400);
+                while Instant::now() < d {
+                    q.wait_readable(q.data_stamp(), Some(d));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let scans = q.scans.load(Ordering::Relaxed);
+    let ticks = (start.elapsed().as_nanos() / RECOVER_TICK.as_nanos()) as u64;
+    assert!(
+        scans <= ticks + 1,
+        "{scans} scans in {ticks} ticks by 8 waiters of one queue"
+    );
+    assert!(scans >= 1, "nobody scanned");
+}
