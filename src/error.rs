@@ -41,6 +41,9 @@ pub enum CoreError {
     BadSegment(String),
     /// A wrong argument (size, window, sequence number).
     Invalid(String),
+    /// The queue's repair judged this process dead while it was writing (its liveness could
+    /// not be proven) and gave its message up: the message was not put. Says which message.
+    JudgedDead(String),
     /// An operating-system error, with what was being done.
     Io {
         /// what was being done, e.g. "shm_open /ec.123.4567"
@@ -54,7 +57,10 @@ impl CoreError {
     /// `e` after `done` messages of a batch went in.
     pub fn partial(done: usize, e: CoreError) -> Self {
         match e {
-            CoreError::Partial { source, .. } => CoreError::Partial { done, source },
+            CoreError::Partial { done: d, source } => CoreError::Partial {
+                done: done + d,
+                source,
+            },
             e => CoreError::Partial {
                 done,
                 source: Box::new(e),
@@ -128,6 +134,12 @@ impl fmt::Display for CoreError {
             }
             CoreError::BadSegment(why) => write!(f, "bad shared-memory segment: {why}"),
             CoreError::Invalid(why) => write!(f, "{why}"),
+            CoreError::JudgedDead(what) => write!(
+                f,
+                "{what} was not put: another process of the queue judged this process dead \
+                 while it wrote the message (its liveness token was missing) and gave the \
+                 message up; nothing acknowledged was lost, put it again if it is still wanted"
+            ),
             CoreError::Io { context, source } => write!(f, "{context}: {source}"),
         }
     }

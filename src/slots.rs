@@ -78,6 +78,13 @@ use std::time::{Duration, Instant};
 /// Slots per queue.
 pub const SLOTS: usize = 64;
 
+#[cfg(test)]
+thread_local! {
+    /// Tests: the next `evict` on this thread stops (panics) after its first step, as a
+    /// process killed there would.
+    pub static DIE_IN_EVICT: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 const EMPTY: u32 = 0;
 const FREE: u32 = 1;
 const BUSY: u32 = 2;
@@ -292,8 +299,15 @@ impl SlotTable {
     fn evict(&self, queue: &str, idx: usize) -> u64 {
         let s = self.slot(idx);
         let size = s.size.load(Ordering::Relaxed);
-        let _ = unlink_name(&self.name_of(queue, idx));
+        // EMPTY first, then the name: a death in between leaves a name no slot names (the
+        // last party to leave or the sweep removes it), never a FREE slot with no segment behind it
+        // (which the next take would hand out, losing its message).
         s.set(EMPTY, 0);
+        #[cfg(test)]
+        if DIE_IN_EVICT.with(|d| d.replace(false)) {
+            panic!("died inside evict, after its first step");
+        }
+        let _ = unlink_name(&self.name_of(queue, idx));
         s.size.store(0, Ordering::Relaxed);
         self.pool_bytes.fetch_sub(size, Ordering::Relaxed);
         size
@@ -303,6 +317,12 @@ impl SlotTable {
         idx < SLOTS
             && self.slot(idx).gen.load(Ordering::Relaxed) == gen
             && self.slot(idx).state() == BUSY
+    }
+
+    /// The generation of slot `idx` if it is FREE (kept for reuse).
+    pub fn free_gen(&self, idx: usize) -> Option<u64> {
+        (idx < SLOTS && self.slot(idx).state() == FREE)
+            .then(|| self.slot(idx).gen.load(Ordering::Relaxed))
     }
 
     /// Whether slot `idx` is busy with generation `gen` (a record's slot is still there).
@@ -315,10 +335,22 @@ impl SlotTable {
         self.is(idx, gen) && self.slot(idx).get().1 == p
     }
 
-    /// Commit: the record in the ring now holds the slot (no lock needed: only the writer,
-    /// alive, touches a slot it holds).
-    pub fn hand_to_ring(&self, idx: usize) {
-        self.slot(idx).set(BUSY, 0);
+    /// Commit: the record in the ring now holds the slot (no lock needed: only the writer
+    /// touches a slot it holds). One compare-and-swap BUSY(p) -> BUSY(0): false if the slot
+    /// is not `p`'s any more (repair took it from a writer it judged dead).
+    pub fn hand_to_ring(&self, idx: usize, gen: u64, p: u32) -> bool {
+        idx < SLOTS
+            && self.slot(idx).gen.load(Ordering::Acquire) == gen
+            && self
+                .slot(idx)
+                .word
+                .compare_exchange(
+                    pack(BUSY, p),
+                    pack(BUSY, 0),
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
     }
 
     /// Under the lock: party `p` (a reader) holds the slot from its claim on; `p = 0` gives
@@ -366,12 +398,13 @@ impl SlotTable {
     /// Under the lock, after the lock was taken over or a dead party found: discards slots
     /// whose holder is dead, clears what a dead `take`/`evict` left half-done, and rebuilds
     /// `pool_bytes`. Returns how many slots were discarded.
-    pub fn repair(&self, queue: &str, dead: &[u32]) -> usize {
+    /// `gone(holder)` says whether a holder's token names a party that is gone.
+    pub fn repair(&self, queue: &str, gone: &dyn Fn(u32) -> bool) -> usize {
         let mut n = 0;
         let mut bytes = 0;
         for (i, s) in self.slots.iter().enumerate() {
             let (state, holder) = s.get();
-            if state == BUSY && holder != 0 && dead.contains(&holder) {
+            if state == BUSY && holder != 0 && gone(holder) {
                 let _ = unlink_name(&self.name_of(queue, i));
                 s.set(EMPTY, 0);
                 n += 1;
@@ -546,10 +579,13 @@ impl Default for SlotMaps {
 
 impl SlotMaps {
     /// The mapping of slot `t`: cached, else created (fresh slots) or attached by name.
-    /// `key` is the table's [`SlotTable::name_key`].
-    pub fn get(&self, queue: &str, key: u64, t: Taken) -> Result<Arc<Segment>> {
+    /// Cached mappings of generations the table no longer has (evicted or discarded slots)
+    /// are dropped on the way, so that evicted segments do not stay mapped in every process
+    /// (their memory is freed once the last mapping goes): views still holding one keep it.
+    /// The name's key is the table's [`SlotTable::name_key`].
+    pub fn get(&self, queue: &str, table: &SlotTable, t: Taken) -> Result<Arc<Segment>> {
         let map = || -> Result<Arc<Segment>> {
-            let name = slot_name(queue, key, t.idx, t.gen);
+            let name = slot_name(queue, table.name_key(), t.idx, t.gen);
             let seg = if t.fresh {
                 let seg = Segment::create_named(&name, t.size as usize)?;
                 // The queue's owner unlinks slot segments, not whoever made them.
@@ -578,6 +614,14 @@ impl SlotMaps {
                 Err(TryLockError::WouldBlock) => return map(),
             }
         };
+        for (i, m) in guard.iter_mut().enumerate() {
+            if let Some((gen, _, _)) = m {
+                let s = table.slot(i);
+                if s.state() == EMPTY || s.gen.load(Ordering::Relaxed) != *gen {
+                    *m = None;
+                }
+            }
+        }
         let epoch = crate::forkviews::epoch();
         if let Some((gen, at, seg)) = &guard[t.idx] {
             if *gen == t.gen && *at == epoch {
@@ -587,6 +631,18 @@ impl SlotMaps {
         let seg = map()?;
         guard[t.idx] = Some((t.gen, epoch, seg.clone()));
         Ok(seg)
+    }
+}
+
+impl SlotMaps {
+    /// The (index, generation) of every cached mapping (tests).
+    #[cfg(test)]
+    pub fn cached(&self) -> Vec<(usize, u64)> {
+        let g = self.maps.lock().unwrap();
+        g.iter()
+            .enumerate()
+            .filter_map(|(i, m)| m.as_ref().map(|(gen, _, _)| (i, *gen)))
+            .collect()
     }
 }
 

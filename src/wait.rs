@@ -123,6 +123,20 @@ pub fn current_pid() -> u32 {
     CACHED_PID.load(Ordering::Relaxed)
 }
 
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process of the machine (and of its
+/// containers), unlike `Instant`, which cannot be stored in shared memory.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid out-pointer; CLOCK_MONOTONIC always exists on Linux.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(ts.tv_nsec as u64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

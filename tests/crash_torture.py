@@ -19,7 +19,9 @@ import time
 from dataclasses import dataclass, field
 
 from easycore._core import Queue
-from easycore.errors import QueueClosed, QueueEmpty, QueueFull
+from easycore.errors import QueueClosed, QueueEmpty, QueueFull, SharedMemoryError
+
+SHM = "/dev/shm"
 
 #: sizes of message bodies: inline, pooled slots (>= pool_min) and one-shot segments
 SIZES = (0, 8, 40, 1000, 9000, 70_000, 150_000, 400_000)
@@ -60,6 +62,12 @@ def _writer(q: Queue, wid: int, log: int, byref: bool = False) -> None:
             q.put(seq, wid & 0xFFFF, [struct.pack("<Q", seq), _part(q, seq, byref)], timeout=2.0)
         except QueueFull:
             continue
+        except SharedMemoryError as e:
+            # Judged dead while writing (a false death): the message was not put; put it
+            # again. Anything else is a failure of the run.
+            if "judged this process dead" not in str(e):
+                raise
+            continue
         except QueueClosed:
             return
         _log(log, seq)
@@ -90,6 +98,8 @@ class Outcome:
 
     kills: int = 0
     stops: int = 0
+    false_deaths: int = 0
+    """Live processes whose liveness token was deleted (they go on running)."""
     reader_kills: int = 0
     acked: set[int] = field(default_factory=set)
     received: list[int] = field(default_factory=list)
@@ -141,9 +151,14 @@ def run(
     seed: int = 0,
     victims: str = "any",
     byref: bool = False,
+    false_deaths: float = 0.0,
 ) -> Outcome:
     """Runs the queue under ``kills`` random kills (a fifth of them SIGSTOP first) of
     ``victims`` (``"any"``, ``"writers"`` or ``"readers"``) and returns what happened.
+    With ``false_deaths`` (a probability per kill), a live victim's liveness token is
+    deleted first, and it is stopped for a while (the others judge it dead meanwhile: it
+    may have been reserving, writing, claiming), then resumed for a while before it is
+    killed.
     With ``byref``, writers build their large bodies in leased slots (sent by reference).
     Processes killed are replaced at once; the parent reaps them only now and then, so
     survivors also meet dead-but-unreaped (zombie) lock holders."""
@@ -179,6 +194,20 @@ def run(
             pool = sorted(p for p, r in procs.items() if victims == "any" or r == victims[0])
             victim = rnd.choice(pool)
             role = procs.pop(victim)
+            if rnd.random() < false_deaths:
+                for name in os.listdir(SHM):
+                    if name.startswith(f"ec.{victim}-") and name.endswith(".live"):
+                        try:
+                            os.unlink(os.path.join(SHM, name))
+                            out.false_deaths += 1
+                        except FileNotFoundError:
+                            pass
+                # Stopped a while (wherever it was: copying, committing, inside the lock)
+                # while the others judge it dead, then resumed, "dead" to the others.
+                os.kill(victim, signal.SIGSTOP)
+                time.sleep(0.03 + rnd.random() * 0.05)
+                os.kill(victim, signal.SIGCONT)
+                time.sleep(0.01 + rnd.random() * 0.03)
             if rnd.random() < 0.2:
                 os.kill(victim, signal.SIGSTOP)
                 out.stops += 1

@@ -815,3 +815,10 @@ def test_calls_tasks_breaks_and_input_errors_from_many_threads_stay_exact(window
             t.join(240)
         assert not any(t.is_alive() for t in threads), "a call hung"
     assert not errors, errors[:3]
+
+
+@pytest.mark.timeout(600)
+def test_a_pool_of_a_hundred_processes_maps():
+    # A queue refused its 65th process, so Pool(64) and larger failed.
+    with Pool(100, start_method="fork", queue_scale=0.25) as p:
+        assert p.map(pd.square, range(300), chunksize=1) == [x * x for x in range(300)]

@@ -304,3 +304,112 @@ def test_shared_memory_errors_are_clear():
     with pytest.raises(SharedMemoryError, match="/dev/shm"):
         Queue(capacity_bytes=1 << 39)
     assert sweep_stale_segments() >= 0
+
+
+@pytest.mark.timeout(300)
+def test_two_hundred_live_processes_share_one_queue():
+    # The party table held 64 live processes: the 65th was refused ("more than 64 live
+    # processes use queue"). 200 forked children each put one message and stay alive until
+    # the parent has read them all.
+    n = 200
+    q = Queue(capacity_bytes=1 << 20, max_messages=1024)
+    r, w = os.pipe()
+    pids = []
+    try:
+        for i in range(n):
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.close(w)
+                    q.put(i, 0, b"from %d" % i, timeout=60)
+                    os.read(r, 1)  # returns once the parent closes its end: all alive at once
+                    code = 0
+                finally:
+                    os._exit(code)
+            pids.append(pid)
+        got = []
+        for _ in range(n):
+            try:
+                got.append(q.get(timeout=30))
+            except QueueEmpty:
+                break
+    finally:
+        os.close(w)
+        codes = [os.waitstatus_to_exitcode(os.waitpid(p, 0)[1]) for p in pids]
+        os.close(r)
+    assert codes == [0] * n, f"{codes.count(1)} children failed to put"
+    assert sorted(seq for seq, _, _ in got) == list(range(n))
+    assert all(parts[0] == b"from %d" % seq for seq, _, parts in got)
+    q.audit()
+
+
+@pytest.mark.timeout(120)
+def test_a_forked_child_keeps_its_leased_slot_when_the_parent_reuses_it():
+    # A leased slot stayed shared with a forked child: once the parent let it go and the
+    # slot carried the next message, the child's array changed under it, and the child's
+    # writes corrupted that message.
+    n = 1 << 20
+    q = Queue(capacity_bytes=1 << 20, pool_bytes=8 << 20)
+    lease = q.lease(n)
+    assert lease is not None
+    mv = memoryview(lease).cast("B")
+    mv[:] = b"\x01" * n
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.read(go_r, 1)  # the parent has reused the slot
+            kept = bytes(mv) == b"\x01" * n
+            mv[:] = b"\x07" * n  # must not reach the parent's message
+            code = 0 if kept else 3
+        finally:
+            os.write(done_w, b"x")
+            os._exit(code)
+    mv.release()
+    del mv, lease  # the slot is free for the next large message
+    data = b"\x02" * (n - 8192)
+    q.put(1, 0, [b"hdr", data])
+    os.write(go_w, b"x")
+    os.read(done_r, 1)
+    code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+    _, _, parts = q.get(timeout=10)
+    assert bytes(parts[1]) == data, "the child's writes reached the parent's message"
+    assert code == 0, "the child's leased array changed when the parent reused its slot"
+    for fd in (go_r, go_w, done_r, done_w):
+        os.close(fd)
+
+
+def test_a_get_that_runs_out_of_memory_loses_no_message():
+    # Building the Python objects of a message that was already taken from the queue can
+    # fail (MemoryError); the message must then stay with the handle for the next get, in
+    # order. Before, get_many released its claims anyway and a small get's message was gone
+    # (or the call panicked).
+    testcapi = pytest.importorskip("_testcapi")
+    n = 40
+    q = Queue(capacity_bytes=1 << 20)
+    for i in range(n):
+        q.put(i, 0, [b"head%d" % i, b"x" * 100])
+    got: list[int] = []
+    failures = 0
+    for k in range(n):
+        try:
+            testcapi.set_nomemory(k % 12, k % 12 + 1)  # the (k % 12)th allocation fails
+            try:
+                m = q.get_many(3, timeout=1) if k % 2 else q.get(timeout=1)
+            finally:
+                testcapi.remove_mem_hooks()
+        except MemoryError:
+            failures += 1
+            continue
+        if k % 2:
+            got.extend(seq for seq, _, _ in m)
+        else:
+            got.append(m[0])
+    while len(got) < n:
+        got.extend(seq for seq, _, _ in q.get_many(8, timeout=5))
+    assert failures > 5, "no allocation failed: the test tested nothing"
+    assert got == list(range(n))
+    q.audit()

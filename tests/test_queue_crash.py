@@ -15,7 +15,14 @@ import time
 import crash_torture
 import pytest
 from easycore._core import Queue, ReorderBuffer, owner_alive, sweep_stale_segments
-from easycore.errors import InvalidArgument, QueueClosed, QueueEmpty, QueueFull, SharedMemoryError
+from easycore.errors import (
+    EasycoreTimeoutError,
+    InvalidArgument,
+    QueueClosed,
+    QueueEmpty,
+    QueueFull,
+    SharedMemoryError,
+)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -52,6 +59,19 @@ def test_readers_killed_at_random_leave_the_queue_consistent():
     out = crash_torture.run(kills=400, victims="readers", seed=13, writers=3, readers=2)
     _check(out)
     assert len(out.missing) <= crash_torture.READ_BATCH * out.reader_kills
+
+
+def test_live_writers_judged_dead_lose_nothing_acknowledged_and_wedge_nothing():
+    # A live writer's liveness token is deleted mid-stream (by hand, by systemd-logind's
+    # RemoveIPC, by a sweep), and it is stopped a while wherever it was (copying a body,
+    # committing) while the others may judge it dead, then resumed before it is killed. Its
+    # late commits must be refused (its put raises, so nothing was acknowledged), never
+    # land behind `read`: before, such a commit lost an acknowledged message and pinned the
+    # tail for good (audit passed).
+    out = crash_torture.run(kills=160, victims="writers", seed=21, false_deaths=0.6)
+    _check(out)
+    assert out.false_deaths > 50
+    assert out.missing == set(), f"{len(out.missing)} acknowledged messages were lost"
 
 
 def test_writers_sending_by_reference_killed_at_random_leak_no_slot():
@@ -165,16 +185,16 @@ def test_a_corrupt_header_is_refused_at_attach():
 def test_a_corrupt_record_is_an_error_not_a_crash(where):
     q = Queue(capacity_bytes=1 << 16)
     q.put(1, 0, [b"abc", b"defgh"])
-    ring = 4096  # the first record starts the ring; its body follows its 64-byte header
+    ring = 6 * 4096  # the first record starts the ring; its body follows its 64-byte header
     with open(_shm_file(q), "r+b") as f:
         if where == "part_length":
             f.seek(ring + 64 + 8)
             f.write((1 << 40).to_bytes(8, "little"))
         elif where == "part_count":
-            f.seek(ring + 12)
+            f.seek(ring + 16)  # the record's part count
             f.write((1 << 20).to_bytes(4, "little"))
         else:
-            f.seek(ring + 24)  # the record's size
+            f.seek(ring + 32)  # the record's size
             f.write((7).to_bytes(8, "little"))
     with pytest.raises(SharedMemoryError, match="corrupt"):
         q.get(timeout=1)
@@ -426,3 +446,45 @@ def test_a_forked_child_keeps_the_zero_copy_array_it_inherited():
     finally:
         os.close(r)
         os.close(w)
+
+
+def test_a_stopped_lock_holder_bounds_every_call_and_a_kill_frees_the_lock():
+    # The lock is held by a live process that is stopped (SIGSTOP): a get or put with a
+    # timeout, and a recovery, must each come back (an error or a result), never hang; once
+    # the holder is killed, the next call takes the lock over.
+    q = Queue(capacity_bytes=1 << 16, max_messages=4)
+    q.put(1, 0, b"mine")  # this process: party 1, first registration
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            q.put(2, 0, b"child")  # the child: party 2, first registration
+            code = 0
+        finally:
+            os.kill(os.getpid(), signal.SIGSTOP)
+            os._exit(code)
+    try:
+        _, status = os.waitpid(pid, os.WUNTRACED)
+        assert os.WIFSTOPPED(status)
+        # The lock word (offset 128) names the child's registration: party 2, generation 1.
+        with open(_shm_file(q), "r+b") as f:
+            f.seek(128)
+            f.write((2 | 1 << 11).to_bytes(4, "little"))
+        for _ in range(2):
+            with pytest.raises(QueueEmpty):
+                q.get(timeout=2)
+            with pytest.raises(QueueFull):
+                q.put(3, 0, [b"x"] * 2, timeout=2)
+            assert q.recover() == 0
+            with pytest.raises(EasycoreTimeoutError):
+                q.audit(timeout=1)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        assert [q.get(timeout=10)[0] for _ in range(2)] == [1, 2]
+        q.audit()
+    finally:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+        except (ProcessLookupError, ChildProcessError):
+            pass

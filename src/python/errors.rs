@@ -39,7 +39,9 @@ pub(crate) fn to_py(py: Python<'_>, e: CoreError) -> PyErr {
         CoreError::Full => make(py, "QueueFull", msg),
         CoreError::Timeout(_) | CoreError::Busy { .. } => make(py, "EasycoreTimeoutError", msg),
         CoreError::Partial { source, .. } => to_py(py, *source),
-        CoreError::NoSpace { .. } | CoreError::BadSegment(_) => make(py, "SharedMemoryError", msg),
+        CoreError::NoSpace { .. } | CoreError::BadSegment(_) | CoreError::JudgedDead(_) => {
+            make(py, "SharedMemoryError", msg)
+        }
         CoreError::Invalid(_) => make(py, "InvalidArgument", msg),
         CoreError::Io { ref source, .. } => {
             let errno = source.raw_os_error().unwrap_or(0);

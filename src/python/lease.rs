@@ -30,6 +30,12 @@ pub(crate) struct LeaseInner {
     lease: Mutex<Option<Lease>>,
 }
 
+impl Drop for LeaseInner {
+    fn drop(&mut self) {
+        crate::forkviews::unregister_leased(self.seg.as_ptr());
+    }
+}
+
 /// Every lease of this process that may still be sent.
 static LEASES: Mutex<Vec<Weak<LeaseInner>>> = Mutex::new(Vec::new());
 
@@ -121,6 +127,9 @@ pub struct ShmLease {
 impl ShmLease {
     pub(crate) fn new(queue: &str, len: usize, w: WriterSlot) -> Self {
         let (idx, gen) = w.lease.slot();
+        // A forked child gets a private copy of the slot (crate::forkviews): its array keeps
+        // its bytes when the parent's slot is reused, and its writes stay its own.
+        crate::forkviews::register_leased(w.seg.as_ptr(), w.seg.len());
         let inner = Arc::new(LeaseInner {
             seg: w.seg,
             len,

@@ -19,7 +19,9 @@ use crate::queue::{Claimed, Queue, QueueConfig, Small};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 /// Copies up to this many bytes with the GIL held; larger ones release it.
@@ -35,6 +37,22 @@ const TAKE_SMALL_LIMIT: u64 = 8 << 10;
 pub struct PyQueue {
     q: Queue,
     wait_ns: AtomicU64,
+    /// Messages this handle took from the queue but could not hand to Python (building the
+    /// objects failed: MemoryError): served first by the next `get`/`get_many`, so that a
+    /// failed call loses nothing. Claims here stay claimed (their records READING).
+    pending: Mutex<VecDeque<Pending>>,
+    /// Whether `pending` may hold something (checked without the mutex on every get).
+    has_pending: AtomicBool,
+}
+
+/// A message taken but not yet handed out.
+enum Pending {
+    /// Built, released: the `(seq, kind, parts)` tuple itself.
+    Ready(Py<PyTuple>),
+    /// Copied out and released (`take_small`): its parts as Python objects.
+    Built(u64, u32, Vec<Py<PyAny>>),
+    /// Still claimed.
+    Claims(Vec<Claimed>),
 }
 
 /// `e` as a Python exception with a `count` attribute: how many messages of the call were
@@ -95,24 +113,133 @@ fn new_bytearray(py: Python<'_>, src: *const u8, len: usize) -> PyResult<Bound<'
     }
 }
 
-/// A message as Python sees it: `(seq, kind, [parts])`.
+/// A new list of `items`, or the error (MemoryError) if it cannot be made: allocations are
+/// checked, never a panic.
+fn new_list<'py, T>(py: Python<'py>, items: &[Bound<'py, T>]) -> PyResult<Bound<'py, PyList>> {
+    // SAFETY: PyList_New returns a new reference or NULL (checked); PyList_SetItem steals the
+    // new reference it is given, into a slot of a list nobody else has seen yet.
+    unsafe {
+        let list =
+            Bound::from_owned_ptr_or_err(py, ffi::PyList_New(items.len() as ffi::Py_ssize_t))?;
+        for (i, it) in items.iter().enumerate() {
+            ffi::PyList_SetItem(list.as_ptr(), i as ffi::Py_ssize_t, it.clone().into_ptr());
+        }
+        Ok(list.cast_into_unchecked())
+    }
+}
+
+/// A message as Python sees it: `(seq, kind, [parts])`. Every allocation is checked (a
+/// MemoryError, never a panic), so a caller can keep the message when it fails.
 fn message<'py>(
     py: Python<'py>,
     seq: u64,
     kind: u32,
-    parts: Vec<Bound<'py, PyAny>>,
+    parts: &[Bound<'py, PyAny>],
 ) -> PyResult<Bound<'py, PyTuple>> {
-    PyTuple::new(
-        py,
-        [
-            seq.into_pyobject(py)?.into_any(),
-            kind.into_pyobject(py)?.into_any(),
-            PyList::new(py, parts)?.into_any(),
-        ],
-    )
+    // SAFETY: each constructor returns a new reference or NULL (checked); PyTuple_SetItem
+    // steals the new reference it is given, into a slot of a tuple nobody else has seen yet.
+    unsafe {
+        let seq = Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromUnsignedLongLong(seq))?;
+        let kind = Bound::from_owned_ptr_or_err(
+            py,
+            ffi::PyLong_FromUnsignedLong(std::os::raw::c_ulong::from(kind)),
+        )?;
+        let list = new_list(py, parts)?;
+        let t = Bound::from_owned_ptr_or_err(py, ffi::PyTuple_New(3))?;
+        ffi::PyTuple_SetItem(t.as_ptr(), 0, seq.into_ptr());
+        ffi::PyTuple_SetItem(t.as_ptr(), 1, kind.into_ptr());
+        ffi::PyTuple_SetItem(t.as_ptr(), 2, list.into_any().into_ptr());
+        Ok(t.cast_into_unchecked())
+    }
 }
 
 impl PyQueue {
+    fn over(q: Queue) -> Self {
+        PyQueue {
+            q,
+            wait_ns: AtomicU64::new(0),
+            pending: Mutex::new(VecDeque::new()),
+            has_pending: AtomicBool::new(false),
+        }
+    }
+
+    fn pending(&self) -> std::sync::MutexGuard<'_, VecDeque<Pending>> {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Puts messages that could not be handed out back in front of the pending ones.
+    fn stash_front(&self, p: Pending) {
+        self.pending().push_front(p);
+        self.has_pending.store(true, Ordering::Release);
+    }
+
+    /// Up to `max` messages taken earlier but not handed out (see `pending`), oldest first;
+    /// `None` when there are none. On an error, whatever was built is kept for next time.
+    fn take_pending<'py>(
+        &self,
+        py: Python<'py>,
+        max: usize,
+    ) -> PyResult<Option<Vec<Bound<'py, PyTuple>>>> {
+        if !self.has_pending.load(Ordering::Acquire) {
+            return Ok(None);
+        }
+        let mut out: Vec<Bound<'py, PyTuple>> = Vec::new();
+        while out.len() < max {
+            let next = {
+                let mut g = self.pending();
+                let n = g.pop_front();
+                if g.is_empty() {
+                    self.has_pending.store(false, Ordering::Release);
+                }
+                n
+            };
+            let got = match next {
+                None => break,
+                Some(Pending::Ready(t)) => Ok(vec![t.into_bound(py)]),
+                Some(Pending::Built(seq, kind, objs)) => {
+                    let bound: Vec<_> = objs.iter().map(|o| o.bind(py).clone()).collect();
+                    message(py, seq, kind, &bound)
+                        .map(|m| vec![m])
+                        .inspect_err(|_| {
+                            self.stash_front(Pending::Built(seq, kind, objs));
+                        })
+                }
+                Some(Pending::Claims(mut claims)) => {
+                    let want = max - out.len();
+                    if claims.len() > want {
+                        let rest = claims.split_off(want);
+                        self.stash_front(Pending::Claims(rest));
+                    }
+                    self.materialize(py, claims) // re-stashes them on an error
+                }
+            };
+            match got {
+                Ok(m) => out.extend(m),
+                Err(e) => {
+                    self.stash_ready(out);
+                    return Err(e);
+                }
+            }
+        }
+        Ok((!out.is_empty()).then_some(out))
+    }
+
+    /// Keeps built messages, in order, in front of the pending ones.
+    fn stash_ready(&self, msgs: Vec<Bound<'_, PyTuple>>) {
+        for m in msgs.into_iter().rev() {
+            self.stash_front(Pending::Ready(m.unbind()));
+        }
+    }
+
+    /// The list `get_many` returns; if even that cannot be made, the messages are kept.
+    fn list_of<'py>(
+        &self,
+        py: Python<'py>,
+        msgs: Vec<Bound<'py, PyTuple>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        new_list(py, &msgs).inspect_err(|_| self.stash_ready(msgs.clone()))
+    }
+
     fn record_wait(&self, since: Instant) {
         self.wait_ns
             .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
@@ -272,7 +399,15 @@ impl PyQueue {
         Ok(match taken.map_err(|e| to_py(py, e))? {
             Small::Took(r) => {
                 let (seq, kind, objs) = r?;
-                Small::Took(message(py, seq, kind, objs)?)
+                match message(py, seq, kind, &objs) {
+                    Ok(m) => Small::Took(m),
+                    Err(e) => {
+                        // Taken and released: keep its parts for the next get.
+                        let objs = objs.into_iter().map(Bound::unbind).collect();
+                        self.stash_front(Pending::Built(seq, kind, objs));
+                        return Err(e);
+                    }
+                }
             }
             Small::NotSmall => Small::NotSmall,
             Small::Empty => Small::Empty,
@@ -280,13 +415,32 @@ impl PyQueue {
         })
     }
 
-    /// Builds `(seq, kind, [parts])` tuples and releases the claims.
+    /// Builds `(seq, kind, [parts])` tuples and releases the claims. If building fails
+    /// (MemoryError), the claims are kept, still claimed, for the next get.
     fn materialize<'py>(
         &self,
         py: Python<'py>,
         claims: Vec<Claimed>,
     ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
-        let guard = ClaimGuard { q: &self.q, claims };
+        let mut guard = ClaimGuard { q: &self.q, claims };
+        match self.build(py, &guard) {
+            Ok(out) => {
+                drop(guard);
+                Ok(out)
+            }
+            Err(e) => {
+                self.stash_front(Pending::Claims(std::mem::take(&mut guard.claims)));
+                Err(e)
+            }
+        }
+    }
+
+    /// The Python objects of claimed messages (copies made with the GIL released).
+    fn build<'py>(
+        &self,
+        py: Python<'py>,
+        guard: &ClaimGuard<'_>,
+    ) -> PyResult<Vec<Bound<'py, PyTuple>>> {
         let mut copies = Copies(Vec::new());
         let mut out = Vec::with_capacity(guard.claims.len());
         for c in &guard.claims {
@@ -322,7 +476,7 @@ impl PyQueue {
                 };
                 parts.push(obj);
             }
-            out.push(message(py, c.seq, c.kind, parts)?);
+            out.push(message(py, c.seq, c.kind, &parts)?);
         }
         if !copies.0.is_empty() {
             detach(py, move || {
@@ -333,7 +487,6 @@ impl PyQueue {
                 }
             });
         }
-        drop(guard);
         Ok(out)
     }
 }
@@ -366,10 +519,7 @@ impl PyQueue {
         };
         let mut q = detach(py, || Queue::create(&cfg)).py_err()?;
         q.set_spin(Duration::from_micros(spin_us));
-        Ok(PyQueue {
-            q,
-            wait_ns: AtomicU64::new(0),
-        })
+        Ok(PyQueue::over(q))
     }
 
     /// Attaches to a queue by segment name (what pickling a Queue does in the receiving
@@ -379,10 +529,7 @@ impl PyQueue {
     fn attach(name: &str, spin_us: u64) -> PyResult<Self> {
         let mut q = Queue::attach(name).py_err()?;
         q.set_spin(Duration::from_micros(spin_us));
-        Ok(PyQueue {
-            q,
-            wait_ns: AtomicU64::new(0),
-        })
+        Ok(PyQueue::over(q))
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, (String,))> {
@@ -604,6 +751,9 @@ impl PyQueue {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyTuple>> {
         check_timeout(timeout)?;
+        if let Some(mut m) = self.take_pending(py, 1)? {
+            return Ok(m.remove(0));
+        }
         // The deadline, computed on first need: a get served at once never reads the clock.
         let mut d: Option<Option<Instant>> = None;
         let mut waited: Option<Instant> = None;
@@ -659,7 +809,11 @@ impl PyQueue {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyList>> {
         let d = deadline(block, timeout)?;
+        if let Some(m) = self.take_pending(py, max_messages.max(1))? {
+            return self.list_of(py, m);
+        }
         let claims = self.claim(py, max_messages.max(1), d)?;
-        PyList::new(py, self.materialize(py, claims)?)
+        let msgs = self.materialize(py, claims)?;
+        self.list_of(py, msgs)
     }
 }

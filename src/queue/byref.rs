@@ -38,15 +38,13 @@ impl Queue {
                 None => return Ok(None),
             }
         };
-        match self.maps.get(self.name(), self.hdr().slots.name_key(), t) {
+        match self.maps.get(self.name(), &self.hdr().slots, t) {
             Ok(seg) => {
                 let lease = Lease::new(self.seg.clone(), Self::table_at(), t.idx, t.gen, me);
                 Ok(Some(WriterSlot { seg, lease }))
             }
             Err(e) => {
-                if let Ok(_g) = self.lock_until(None) {
-                    h.slots.discard(self.name(), t.idx, t.gen);
-                }
+                self.discard_slots(vec![(t.idx, t.gen)], true);
                 Err(e)
             }
         }

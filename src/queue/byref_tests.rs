@@ -150,7 +150,7 @@ fn a_reader_dead_mid_claim_gives_the_referenced_slots_back() {
         let pos = h.read.load(Ordering::Relaxed);
         let rec = q.rec(pos);
         rec.owner.store(ghost, Ordering::Relaxed);
-        rec.state.store(ST_READING, Ordering::Relaxed);
+        rec.set_state(pos, ST_READING);
         h.slots.hand_to(e.slot as usize, e.gen, ghost);
     }
     q.recover();
@@ -159,4 +159,24 @@ fn a_reader_dead_mid_claim_gives_the_referenced_slots_back() {
     // SAFETY: the claim holds the slot.
     assert_eq!(unsafe { *c[0].refs[0].1.as_ptr() }, 9);
     q.release(&mut c);
+}
+
+#[test]
+fn a_discard_that_cannot_wait_for_the_lock_is_done_at_the_next_hold() {
+    // A failed write whose caller holds the GIL only tries the lock to discard its slot;
+    // held by someone else, the discard waits for this handle's next hold of the lock.
+    let q = queue();
+    let w = q.lease_slot(1 << 20, soon()).unwrap().unwrap();
+    let (idx, gen) = w.lease.slot();
+    w.lease.disarm();
+    q.hdr().lock.0.force_holder(q.party().unwrap());
+    q.discard_slots(vec![(idx, gen)], false); // must not wait
+    assert!(q.hdr().slots.holds(idx, gen), "discarded without the lock");
+    q.hdr().lock.0.force_holder(0);
+    q.put(1, 0, &[b"x"], soon()).unwrap();
+    assert!(
+        !q.hdr().slots.holds(idx, gen),
+        "the deferred discard was not done"
+    );
+    assert_eq!(q.pool_bytes().0, 0);
 }

@@ -3,11 +3,11 @@
 //! the segment may read it; who may *write* each field is written beside it.
 //!
 //! ```text
-//! Shared-memory layout, version 4 (offsets from the segment start)
-//! [0, 4096)                    Header: magic "easyqueu", version, owner identity, sizes, the
-//!                              lock, positions, counters, wake words, the party table and
-//!                              the slot table (crate::slots)
-//! [4096, 4096 + ring_size)     ring of records; ring_size is a multiple of 64
+//! Shared-memory layout, version 5 (offsets from the segment start)
+//! [0, 24576)                   Header: magic "easyqueu", version, owner identity, sizes, the
+//!                              lock, positions, counters, wake words, the party table
+//!                              (1024 parties, queue::parties) and the slot table (crate::slots)
+//! [24576, 24576 + ring_size)   ring of records; ring_size is a multiple of 64
 //! record at (pos % ring_size), 64-byte aligned:
 //!   [0, 64)    RecordHeader
 //!   [64, ...)  inline body:  nparts x u64 part lengths, padded to 64, then each part padded to 64
@@ -31,15 +31,21 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// "easyqueu" in ASCII.
 pub const MAGIC: u64 = 0x6561_7379_7175_6575;
-/// Layout version; bumped on any change of the shared layout.
-pub const VERSION: u32 = 4;
-pub(crate) const HEADER_BYTES: usize = 4096;
+/// Layout version; bumped on any change of the shared layout (5: 1024 parties with
+/// generations, tokens in the lock word, record state words stamped with their position).
+pub const VERSION: u32 = 5;
+pub(crate) const HEADER_BYTES: usize = 6 * 4096;
 pub(crate) const ALIGN: u64 = 64;
 pub(crate) const REC_BYTES: u64 = 64;
 
 // Record states. A record's state word is the one field that changes after the record is
-// published (head moved past it); every change is a single store by the one party allowed to
-// make it, or a repair by the lock holder after that party died.
+// published (head moved past it); every change is one atomic operation by the one party
+// allowed to make it, or a repair by the lock holder after that party was judged dead. The
+// word carries the record's position stamp beside the state ([`RecordHeader::tag`]), and the
+// changes a party makes without the lock (commit, release) are compare-and-swaps from the
+// state it left, stamped with its own record's position: a party wrongly judged dead, whose
+// record repair abandoned (or whose ring space was since reused), fails its compare-and-swap
+// and is told so, instead of overwriting the repair or another record.
 /// Reserved; its writer (party in `owner`) is copying the body. Written under the lock.
 pub(crate) const ST_WRITING: u32 = 1;
 /// Committed by its writer (no lock); may be claimed.
@@ -193,17 +199,31 @@ pub(crate) struct Header {
     pub parties: PartyTable,
     /// The pool of side segments for large messages.
     pub slots: SlotTable,
+    /// When a waiter last started a dead-party scan (`recover`), in CLOCK_MONOTONIC
+    /// nanoseconds (one clock for every process of the machine): waiters whose sleep ends
+    /// without progress scan at most once a recovery tick *per queue*, not each once a tick
+    /// (a pool of hundreds of idle workers probed every party's token hundreds of times a
+    /// tick). A hint: any value is safe, at worst one scan too many or one tick late.
+    pub last_scan: AtomicU64,
 }
 
 /// The header of one record in the ring. Written by its reserver under the lock before `head`
-/// is published; afterwards only `state` (and `owner` with it) changes.
+/// is published; afterwards only the state in `tag` (and `owner` with it) changes.
 #[repr(C)]
 pub(crate) struct RecordHeader {
-    pub state: AtomicU32,
-    /// The party (1-based) of the writer (WRITING) or of the reader (READING).
+    /// `stamp << 3 | state`, where stamp is the record's position / 64 (unique for ever:
+    /// positions only grow). Invariant: for a record at position `pos` in `[tail, head)`,
+    /// the stamp is `pos / 64`. Written with the record's state at reservation (under the
+    /// lock); afterwards changed only by the transitions listed with the `ST_*` constants,
+    /// the lock-free ones (commit WRITING -> READY, release READING -> DONE) by a
+    /// compare-and-swap on the whole word.
+    pub tag: AtomicU64,
+    /// The token (`queue::parties`) of the writer (WRITING) or of the reader (READING).
     pub owner: AtomicU32,
     pub kind: AtomicU32,
     pub nparts: AtomicU32,
+    /// side records: length of the side segment's name stored after the header
+    pub name_len: AtomicU32,
     pub seq: AtomicU64,
     /// bytes this record takes in the ring, header included (multiple of 64, at least 64)
     pub size: AtomicU64,
@@ -211,11 +231,47 @@ pub(crate) struct RecordHeader {
     pub body_len: AtomicU64,
     /// FLAG_* bits; with FLAG_REFS, the reference table's length in the bits from REFS_SHIFT.
     pub flags: AtomicU32,
-    /// side records: length of the side segment's name stored after the header
-    pub name_len: AtomicU32,
     /// slot records: the slot's index and generation
-    pub slot: AtomicU64,
+    pub slot: AtomicU32,
     pub slot_gen: AtomicU64,
+}
+
+const STATE_BITS: u32 = 3;
+const STATE_MASK: u64 = (1 << STATE_BITS) - 1;
+
+/// The state word of the record at `pos` in state `st`.
+pub(crate) fn tag(pos: u64, st: u32) -> u64 {
+    ((pos / ALIGN) << STATE_BITS) | u64::from(st)
+}
+
+impl RecordHeader {
+    /// The record's state (ST_*).
+    pub fn state(&self) -> u32 {
+        (self.tag.load(Ordering::Acquire) & STATE_MASK) as u32
+    }
+
+    /// Sets the state of the record at `pos` (under the lock, or by its reserver).
+    pub fn set_state(&self, pos: u64, st: u32) {
+        self.tag.store(tag(pos, st), Ordering::Release);
+    }
+
+    /// Changes the state of the record at `pos` from `from` to `to` if it is still that
+    /// record in that state; false if repair (or a reuse of its space) got there first.
+    pub fn change(&self, pos: u64, from: u32, to: u32) -> bool {
+        self.tag
+            .compare_exchange(
+                tag(pos, from),
+                tag(pos, to),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+    }
+
+    /// Whether the state word is stamped with position `pos` (a record written there).
+    pub fn stamped(&self, pos: u64) -> bool {
+        self.tag.load(Ordering::Acquire) >> STATE_BITS == (pos / ALIGN) & (u64::MAX >> STATE_BITS)
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<RecordHeader>() == REC_BYTES as usize);

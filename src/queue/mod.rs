@@ -28,9 +28,14 @@
 //!
 //! # Crash model
 //! Any process may die (or stop) between any two instructions. The lock ([`ShmLock`]) holds a
-//! party number; a waiter takes it over from a holder whose liveness token says it is dead
-//! and then *repairs* the queue (`recover.rs` lists what each death leaves and how it is
-//! mended). Every wait, the lock's included, has a deadline, and callers that hold the
+//! party *token* (party number and the generation of its registration, [`parties`]); a
+//! waiter takes it over from a holder whose registration is dead (a compare-and-swap on the
+//! very token it saw dead, so a number registered again since is never taken for its old
+//! owner) and then *repairs* the queue (`recover.rs` lists what each death leaves and how it
+//! is mended). A process judged dead that is in fact alive cannot undo a repair: its commits
+//! and releases are compare-and-swaps on state words stamped with the record's position, so
+//! its `put` fails with [`CoreError::JudgedDead`] (nothing acknowledged is lost) instead of
+//! landing behind `read`, and its stale token makes it register afresh. Every wait, the lock's included, has a deadline, and callers that hold the
 //! Python GIL only ever *try* the lock: the slow path waits with the GIL released. The death
 //! of the queue's creator ends the queue: a waiter that finds it dead closes the queue, so
 //! a wait with no deadline ends too.
@@ -73,6 +78,9 @@ pub use write::PUT_BATCH;
 
 /// A waiter that sleeps this long without progress checks for dead processes.
 const RECOVER_TICK: Duration = Duration::from_millis(50);
+/// Longest wait for the lock in error paths (cleaning up after a failed write or read): a
+/// holder that is stopped costs the cleanup, never a hang.
+const ERROR_WAIT: Duration = Duration::from_secs(1);
 /// Default [`QueueConfig::pool_min`]: copying this much costs more than leasing a slot.
 const DEFAULT_POOL_MIN: u64 = 256 << 10;
 /// Largest ring a queue may have (1 TiB): larger sizes are refused, never wrapped.
@@ -122,13 +130,21 @@ pub struct Queue {
     spin: Duration,
     /// This process's mappings of slot segments.
     maps: SlotMaps,
-    /// `pid << 32 | party`: this process's party in the queue, registered on first use and
-    /// again in a forked child (whose pid differs).
+    /// `pid << 32 | token`: this process's party in the queue, registered on first use, in
+    /// a forked child (whose pid differs), and again once its registration went stale.
     me: AtomicU64,
+    /// Slots (index, generation) a failed write must discard and could not yet, not having
+    /// had the lock (its caller holds the GIL and only tries it): discarded by this handle's
+    /// next hold of the lock. `has_deferred` says whether the list may be non-empty.
+    deferred: std::sync::Mutex<Vec<(usize, u64)>>,
+    has_deferred: std::sync::atomic::AtomicBool,
     /// This handle's shared hold on the queue's token, taken before the segment was opened:
     /// the queue's names stay while any handle (or a forked child's copy) holds one. `None`
     /// only for a queue name without a queue tag, or once dropped.
     token: Option<QueueToken>,
+    /// Scans for the dead started by this handle's waiters (tests).
+    #[cfg(test)]
+    scans: AtomicU64,
 }
 
 impl Queue {
@@ -196,7 +212,11 @@ impl Queue {
             spin: Duration::from_micros(20),
             maps: SlotMaps::default(),
             me: AtomicU64::new(0),
+            deferred: std::sync::Mutex::new(Vec::new()),
+            has_deferred: std::sync::atomic::AtomicBool::new(false),
             token,
+            #[cfg(test)]
+            scans: AtomicU64::new(0),
         }
     }
 
@@ -363,37 +383,42 @@ impl Queue {
         self.hdr().closed.load(Ordering::SeqCst) != 0
     }
 
-    /// This process's party number, registering it on first use (and after a fork).
+    /// This process's party token (`parties`), registering it on first use, after a fork,
+    /// and again if its registration was freed (repair judged it dead: its old token is
+    /// stale, and nothing it held is its own any more).
     pub(crate) fn party(&self) -> Result<u32> {
         let pid = current_pid();
         let m = self.me.load(Ordering::Relaxed);
-        if (m >> 32) as u32 == pid && m as u32 != 0 {
+        let h = self.hdr();
+        if (m >> 32) as u32 == pid && m as u32 != 0 && h.parties.current(m as u32) {
             return Ok(m as u32);
         }
         let id = liveness::me()?;
-        let h = self.hdr();
-        let (p, adopted) = h.parties.register(id).ok_or_else(|| {
+        let reg = h.parties.register(id).ok_or_else(|| {
             CoreError::Invalid(format!(
                 "more than {} live processes use queue {}",
                 parties::PARTIES,
                 self.name()
             ))
         })?;
-        if let Some(was) = adopted {
-            // A dead party's number: whatever names it (the lock word included) is the dead
-            // owner's. Repair before anything else; if the lock cannot be had now, give the
-            // entry back (still dead) and let the caller retry.
+        let t = reg.token;
+        if let Some((was, waits)) = reg.adopted {
+            // A dead party's entry: its tokens are stale now (the generation moved on), so
+            // whatever names them (the lock word included) is judged dead. Repair before
+            // anything else; if the lock cannot be had now, give the entry back (still dead)
+            // and let the caller retry.
+            parties::forget_sleepers(&h.readers_waiting, &h.writers_waiting, waits);
             let deadline = Some(Instant::now() + RECOVER_TICK);
-            let Some(g) = h.lock.0.lock(p, deadline, |q| q != p && h.parties.alive(q)) else {
-                h.parties.give_back(p, id.packed(), was);
+            let Some(g) = h.lock.0.lock(t, deadline, |q| h.parties.token_alive(q)) else {
+                h.parties.give_back(t, id.packed(), was);
                 return Err(self.busy());
             };
-            self.repair(h, Some(p));
+            self.repair(h);
             drop(g);
         }
         self.me
-            .store((u64::from(pid) << 32) | u64::from(p), Ordering::Relaxed);
-        Ok(p)
+            .store((u64::from(pid) << 32) | u64::from(t), Ordering::Relaxed);
+        Ok(t)
     }
 
     /// Takes the lock, waiting until `deadline` at most (`Err(Busy)` then); repairs the queue
@@ -404,18 +429,62 @@ impl Queue {
         let g = h
             .lock
             .0
-            .lock(me, deadline, |p| h.parties.alive(p))
+            .lock(me, deadline, |t| h.parties.token_alive(t))
             .ok_or_else(|| self.busy())?;
         if g.took_over() {
-            self.repair(h, None);
+            self.repair(h);
         }
+        self.run_deferred();
         Ok(g)
+    }
+
+    /// Discards slots a failed write leaves: under the lock, waited for at most
+    /// [`ERROR_WAIT`] if `wait`, else only tried (the caller holds the GIL), and deferred to
+    /// this handle's next hold of the lock if it could not be had.
+    pub(crate) fn discard_slots(&self, slots: Vec<(usize, u64)>, wait: bool) {
+        if slots.is_empty() {
+            return;
+        }
+        let g = if wait {
+            self.lock_until(Some(Instant::now() + ERROR_WAIT)).ok()
+        } else {
+            self.try_lock().ok()
+        };
+        match g {
+            Some(_g) => {
+                for (idx, gen) in slots {
+                    self.hdr().slots.discard(self.name(), idx, gen);
+                }
+            }
+            None => {
+                self.deferred
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .extend(slots);
+                self.has_deferred.store(true, Ordering::Release);
+            }
+        }
+    }
+
+    /// Under the lock: the discards deferred by [`Queue::discard_slots`].
+    fn run_deferred(&self) {
+        if !self.has_deferred.load(Ordering::Acquire) {
+            return;
+        }
+        // The flag first: a slot deferred meanwhile is either taken below or sets it again.
+        self.has_deferred.store(false, Ordering::Release);
+        let slots = std::mem::take(&mut *self.deferred.lock().unwrap_or_else(|p| p.into_inner()));
+        for (idx, gen) in slots {
+            self.hdr().slots.discard(self.name(), idx, gen);
+        }
     }
 
     /// Takes the lock only if it is free within a short spin (for callers holding the GIL).
     pub(crate) fn try_lock(&self) -> Result<ShmLockGuard<'_>> {
         let me = self.party()?;
-        self.hdr().lock.0.try_lock(me).ok_or_else(|| self.busy())
+        let g = self.hdr().lock.0.try_lock(me).ok_or_else(|| self.busy())?;
+        self.run_deferred();
+        Ok(g)
     }
 
     fn busy(&self) -> CoreError {
@@ -499,20 +568,45 @@ impl Queue {
                     return true; // cannot sleep counted: let the caller retry
                 };
                 let h = self.hdr();
+                // The party's own count goes up first and down last, so it always covers
+                // what this waiter added to the total, which repair takes off (saturating)
+                // if it frees the party.
                 h.parties.note_wait(me, side, true);
                 waiting.fetch_add(1, Ordering::SeqCst);
                 wait::wait(word, seen, Some(left));
-                waiting.fetch_sub(1, Ordering::SeqCst);
+                let _ = waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+                    Some(v.saturating_sub(1))
+                });
                 h.parties.note_wait(me, side, false);
                 if word.load(Ordering::SeqCst) == seen {
                     self.close_if_owner_died();
-                    self.recover();
+                    self.recover_if_due();
                 }
                 return true;
             }
             backoff.snooze();
         }
         true
+    }
+
+    /// [`Queue::recover`], unless some waiter of this queue (in any process) started a scan
+    /// less than a recovery tick ago.
+    fn recover_if_due(&self) {
+        let h = self.hdr();
+        let now = wait::monotonic_ns();
+        let last = h.last_scan.load(Ordering::Relaxed);
+        let tick = RECOVER_TICK.as_nanos() as u64;
+        if now.wrapping_sub(last) < tick && last <= now {
+            return;
+        }
+        if h.last_scan
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+        {
+            #[cfg(test)]
+            self.scans.fetch_add(1, Ordering::Relaxed);
+            self.recover();
+        }
     }
 
     /// Wakes sleeping readers after `n` commits (one each), all of them on close.
@@ -558,15 +652,21 @@ impl Drop for Queue {
         h.slots.unlink_all(self.name());
         let head = h.head.load(Ordering::Relaxed);
         let mut pos = h.read.load(Ordering::Relaxed);
+        if head.wrapping_sub(pos) > self.ring_size {
+            return; // corrupt positions: no walk over memory they do not describe
+        }
         let mut n = 0;
         while pos < head && n <= h.max_msgs.load(Ordering::Relaxed) {
             let rec = self.rec(pos);
+            if !self.sane(pos, rec, head) {
+                break;
+            }
             if rec.flags.load(Ordering::Relaxed) & layout::FLAG_SIDE != 0
-                && rec.state.load(Ordering::Acquire) != layout::ST_PAD
+                && rec.state() != layout::ST_PAD
             {
                 let _ = crate::shm::unlink_name(&self.side_name(pos, rec));
             }
-            pos += rec.size.load(Ordering::Relaxed).max(ALIGN);
+            pos += rec.size.load(Ordering::Relaxed);
             n += 1;
         }
     }

@@ -76,6 +76,19 @@ impl Queue {
             && pos.checked_add(size).is_some_and(|e| e <= head)
     }
 
+    /// Whether positions `lo <= hi` are further apart than one ring (or out of order): a
+    /// corrupt segment, whose records must not be walked.
+    pub(super) fn apart(&self, lo: u64, hi: u64) -> bool {
+        hi.checked_sub(lo).map_or(true, |d| d > self.ring_size)
+    }
+
+    fn corrupt_positions(&self, lo: u64, hi: u64) -> CoreError {
+        CoreError::BadSegment(format!(
+            "{}: corrupt positions {lo} and {hi} (more than a ring apart)",
+            self.name()
+        ))
+    }
+
     /// Claims up to `max` committed messages in FIFO order; blocks for the first one until
     /// `deadline` (`None`: forever). Each claim must be given back to [`Queue::release`].
     pub fn claim(&self, max: usize, deadline: Option<Instant>) -> Result<Vec<Claimed>> {
@@ -84,11 +97,15 @@ impl Queue {
         loop {
             let seen = h.data_seq.0.load(Ordering::SeqCst);
             let mut sides = Vec::new();
+            let mut map_err = None;
             match self.lock_until(deadline) {
                 Ok(_g) => {
                     let me = self.party()?;
                     let head = h.head.load(Ordering::Relaxed);
                     let mut read = h.read.load(Ordering::Relaxed);
+                    if self.apart(read, head) {
+                        return Err(self.corrupt_positions(read, head));
+                    }
                     while read < head && out.len() < max.max(1) {
                         let rec = self.rec(read);
                         if !self.sane(read, rec, head) {
@@ -99,7 +116,7 @@ impl Queue {
                             )));
                         }
                         let size = rec.size.load(Ordering::Relaxed);
-                        match rec.state.load(Ordering::Acquire) {
+                        match rec.state() {
                             ST_PAD => {}
                             ST_ABANDONED => locked_sub(&h.pending, 1),
                             ST_READY => {
@@ -116,7 +133,7 @@ impl Queue {
                                     // A slot of it was lost (a writer's failure): skip it,
                                     // and discard the slots it still names.
                                     self.discard_refs(read, rec);
-                                    rec.state.store(ST_ABANDONED, Ordering::Release);
+                                    rec.set_state(read, ST_ABANDONED);
                                     locked_sub(&h.pending, 1);
                                     read += size;
                                     continue;
@@ -136,7 +153,7 @@ impl Queue {
                                     ));
                                 }
                                 rec.owner.store(me, Ordering::Relaxed);
-                                rec.state.store(ST_READING, Ordering::Relaxed);
+                                rec.set_state(read, ST_READING);
                                 locked_sub(&h.pending, 1);
                                 out.push(self.describe(read, rec));
                             }
@@ -147,12 +164,16 @@ impl Queue {
                     // One store makes the claims ours: a death before it leaves the records
                     // READING at or after `read`, which repair gives back as READY.
                     h.read.store(read, Ordering::Release);
+                    // Map the side segments while the lock is held: a repair that judged
+                    // this process dead (while it is alive) could otherwise unlink a name
+                    // between the claim and the mapping, and the message would be lost.
+                    map_err = self.map_sides(&mut out, std::mem::take(&mut sides), me);
                 }
                 Err(CoreError::Busy { .. }) => {}
                 Err(e) => return Err(e),
             }
             if !out.is_empty() {
-                self.open_sides(&mut out, sides)?;
+                self.check_tables(&mut out, map_err)?;
                 return Ok(out);
             }
             if h.closed.load(Ordering::SeqCst) != 0 && h.pending.load(Ordering::Relaxed) == 0 {
@@ -179,11 +200,13 @@ impl Queue {
     /// `f` runs with the queue lock held: it must be short, must not block, and must not
     /// touch this queue (the lock is not reentrant). A process killed inside `f` leaves the
     /// record `READING` at `read`, which repair gives back as `READY`: the message is not lost.
-    pub fn take_small<R>(
+    /// If `f` fails (say, out of memory), the message stays first in the queue, as if not
+    /// taken, and `Small::Took(Err(..))` carries the error.
+    pub fn take_small<R, E>(
         &self,
         limit: u64,
-        f: impl FnOnce(u64, u32, &[&[u8]]) -> R,
-    ) -> Result<Small<R>> {
+        f: impl FnOnce(u64, u32, &[&[u8]]) -> std::result::Result<R, E>,
+    ) -> Result<Small<std::result::Result<R, E>>> {
         let h = self.hdr();
         let _g = match self.try_lock() {
             Ok(g) => g,
@@ -192,6 +215,9 @@ impl Queue {
         };
         let head = h.head.load(Ordering::Relaxed);
         let mut read = h.read.load(Ordering::Relaxed);
+        if self.apart(read, head) {
+            return Ok(Small::NotSmall); // let claim report it
+        }
         let found = loop {
             if read >= head {
                 break None;
@@ -200,7 +226,7 @@ impl Queue {
             if !self.sane(read, rec, head) {
                 return Ok(Small::NotSmall); // let claim report it
             }
-            match rec.state.load(Ordering::Acquire) {
+            match rec.state() {
                 ST_PAD => {}
                 ST_ABANDONED => locked_sub(&h.pending, 1),
                 ST_READY => break Some(rec),
@@ -233,7 +259,7 @@ impl Queue {
             return Ok(Small::NotSmall); // not a table the writer made; leave it to claim
         };
         rec.owner.store(self.party()?, Ordering::Relaxed);
-        rec.state.store(ST_READING, Ordering::Relaxed);
+        rec.set_state(read, ST_READING);
         let mut parts: [&[u8]; SMALL_PARTS] = [&[]; SMALL_PARTS];
         for (p, &(off, len)) in parts.iter_mut().zip(&spans) {
             // SAFETY: the part lies inside the record's body (checked by read_part_table),
@@ -245,9 +271,14 @@ impl Queue {
             rec.kind.load(Ordering::Relaxed),
             &parts[..nparts],
         );
+        if out.is_err() {
+            // Not delivered: the message stays first in the queue.
+            rec.set_state(read, ST_READY);
+            return Ok(Small::Took(out));
+        }
         // Delivered: a death after this store abandons the record (its reader had it).
         h.read.store(read + size, Ordering::Release);
-        rec.state.store(ST_DONE, Ordering::Release);
+        rec.set_state(read, ST_DONE);
         locked_sub(&h.pending, 1);
         self.advance_tail(h);
         Ok(Small::Took(out))
@@ -279,12 +310,17 @@ impl Queue {
         String::from_utf8_lossy(&buf).into_owned()
     }
 
-    /// Maps side segments and reads every claim's part table, checking it against the memory
-    /// that holds the body. A claim that fails is abandoned (and the error returned after all
-    /// claims are given back).
-    fn open_sides(&self, out: &mut [Claimed], sides: Vec<(usize, SideRef)>) -> Result<()> {
+    /// Under the lock: maps the side segments of fresh claims. A side that cannot be mapped
+    /// is discarded; the first error is returned (the claims are given back by
+    /// [`Queue::check_tables`], after the lock).
+    fn map_sides(
+        &self,
+        out: &mut [Claimed],
+        sides: Vec<(usize, SideRef)>,
+        me: u32,
+    ) -> Option<CoreError> {
         let mut err = None;
-        let me = self.party()?;
+        let h = self.hdr();
         for (i, side) in sides {
             match side {
                 SideRef::OneShot(name) => match Segment::attach(&name) {
@@ -305,7 +341,7 @@ impl Queue {
                         size: 0,
                         fresh: false,
                     };
-                    match self.maps.get(self.name(), self.hdr().slots.name_key(), t) {
+                    match self.maps.get(self.name(), &h.slots, t) {
                         Ok(seg)
                             if r.offset
                                 .checked_add(r.len)
@@ -315,9 +351,7 @@ impl Queue {
                             out[i].refs.push((r.part as usize, buf, r.offset, r.len));
                         }
                         other => {
-                            if let Ok(_g) = self.lock_until(None) {
-                                self.hdr().slots.discard(self.name(), idx, gen);
-                            }
+                            h.slots.discard(self.name(), idx, gen);
                             err.get_or_insert(other.err().unwrap_or_else(|| {
                                 CoreError::BadSegment(format!(
                                     "{}: a part sent by reference lies outside its slot",
@@ -334,18 +368,23 @@ impl Queue {
                         size: 0,
                         fresh: false,
                     };
-                    match self.maps.get(self.name(), self.hdr().slots.name_key(), t) {
+                    match self.maps.get(self.name(), &h.slots, t) {
                         Ok(seg) => out[i].side = Some(self.lease(idx, gen, seg, me)),
                         Err(e) => {
-                            if let Ok(_g) = self.lock_until(None) {
-                                self.hdr().slots.discard(self.name(), idx, gen);
-                            }
+                            h.slots.discard(self.name(), idx, gen);
                             err.get_or_insert(e);
                         }
                     }
                 }
             }
         }
+        err
+    }
+
+    /// After the lock: reads every claim's part table, checking it against the memory that
+    /// holds the body. On any error (this one's or `err`, from mapping), every claim is
+    /// given back (released) and the first error returned.
+    fn check_tables(&self, out: &mut [Claimed], mut err: Option<CoreError>) -> Result<()> {
         for c in out.iter_mut() {
             let rec = self.rec(c.pos);
             let n = rec.nparts.load(Ordering::Relaxed) as usize;
@@ -402,7 +441,9 @@ impl Queue {
     pub fn release(&self, claims: &mut [Claimed]) {
         let mut any = false;
         for c in claims.iter_mut().filter(|c| !c.released) {
-            self.rec(c.pos).state.store(ST_DONE, Ordering::Release);
+            // Only if the claim is still ours: repair may have abandoned it (this process
+            // judged dead), and its space may hold another record by now.
+            self.rec(c.pos).change(c.pos, ST_READING, ST_DONE);
             c.released = true;
             any = true;
         }
@@ -421,13 +462,16 @@ impl Queue {
     pub(super) fn advance_tail(&self, h: &Header) {
         let read = h.read.load(Ordering::Relaxed);
         let mut tail = h.tail.load(Ordering::Relaxed);
+        if self.apart(tail, read) {
+            return; // corrupt positions: repair cuts them back, audit reports them
+        }
         let start = tail;
         while tail < read {
             let rec = self.rec(tail);
             if !self.sane(tail, rec, read) {
                 break;
             }
-            let st = rec.state.load(Ordering::Acquire);
+            let st = rec.state();
             if !matches!(st, ST_DONE | ST_PAD | ST_ABANDONED) {
                 break;
             }

@@ -251,6 +251,14 @@ fn a_larger_message_evicts_a_free_smaller_segment() {
         Segment::attach(&small_name).is_err(),
         "evicted segments are unlinked"
     );
+    drop(c);
+    // ... and no longer mapped by this process (its slot cache kept every evicted one).
+    for (idx, gen) in q.maps.cached() {
+        assert!(
+            q.hdr().slots.holds(idx, gen) || q.hdr().slots.free_gen(idx) == Some(gen),
+            "slot {idx} generation {gen} was evicted but stays mapped"
+        );
+    }
     let (kept, cap) = q.pool_bytes();
     assert!(kept >= 120_000 && kept <= cap, "{kept} {cap}");
 }
@@ -536,11 +544,13 @@ fn record_of_a_dead_writer_is_abandoned_and_skipped() {
 /// Gets one small message the way Python's `get` does: [`Queue::take_small`], waiting on
 /// the data stamp when the queue is empty.
 fn take_one(q: &Queue, deadline: Option<Instant>) -> Result<(u64, u32, Vec<Vec<u8>>)> {
-    let copy = |seq, kind, parts: &[&[u8]]| (seq, kind, parts.iter().map(|p| p.to_vec()).collect());
+    let copy = |seq, kind, parts: &[&[u8]]| {
+        Ok::<_, ()>((seq, kind, parts.iter().map(|p| p.to_vec()).collect()))
+    };
     loop {
         let stamp = q.data_stamp();
         match q.take_small(1 << 10, copy)? {
-            Small::Took(m) => return Ok(m),
+            Small::Took(m) => return Ok(m.unwrap()),
             Small::NotSmall => panic!("expected a small message"),
             // Held by someone (perhaps dead): the slow way waits, takes over, repairs.
             Small::Busy => return get(q, deadline),
@@ -576,7 +586,10 @@ fn take_small_copies_and_releases_under_one_lock() {
         assert_eq!(parts, vec![b"head".to_vec(), p]);
     }
     assert_eq!(q.len(), 0);
-    assert!(matches!(q.take_small(64, |_, _, _| ()), Ok(Small::Empty)));
+    assert!(matches!(
+        q.take_small(64, |_, _, _| Ok::<_, ()>(())),
+        Ok(Small::Empty)
+    ));
     // Zero parts, and an empty part.
     q.put(1, 0, &[], None).unwrap();
     q.put(2, 0, &[b""], None).unwrap();
@@ -596,7 +609,7 @@ fn take_small_leaves_large_and_many_part_messages_to_claim() {
     q.put(3, 0, &[b"x"], None).unwrap();
     for want in [1, 2] {
         assert!(matches!(
-            q.take_small(1 << 10, |_, _, _| ()),
+            q.take_small(1 << 10, |_, _, _| Ok::<_, ()>(())),
             Ok(Small::NotSmall)
         ));
         assert_eq!(get(&q, None).unwrap().0, want);
@@ -615,7 +628,9 @@ fn a_reader_killed_inside_take_small_loses_nothing_and_blocks_nothing() {
     assert!(child >= 0, "fork failed");
     if child == 0 {
         // Dies holding the queue lock, its record marked READING.
-        let _ = q.take_small(1 << 10, |_, _, _| unsafe { libc::_exit(0) });
+        let _ = q.take_small(1 << 10, |_, _, _| -> std::result::Result<(), ()> {
+            unsafe { libc::_exit(0) }
+        });
         unsafe { libc::_exit(1) };
     }
     let mut status = 0;
@@ -629,7 +644,7 @@ fn a_reader_killed_inside_take_small_loses_nothing_and_blocks_nothing() {
         "died holding the lock"
     );
     let first = q.rec(q.hdr().read.load(Ordering::Relaxed));
-    assert_eq!(first.state.load(Ordering::Relaxed), ST_READING);
+    assert_eq!(first.state(), ST_READING);
     // The lock is taken over; the dead reader never returned its message, so it is given
     // back and delivered, then the rest flows.
     let deadline = Some(Instant::now() + Duration::from_secs(10));
@@ -675,7 +690,7 @@ fn ghost(q: &Queue, salt: u32) -> u32 {
         pid: me.pid,
         nonce: me.nonce ^ salt,
     };
-    q.hdr().parties.register(id).unwrap().0
+    q.hdr().parties.register(id).unwrap().token
 }
 
 #[test]
@@ -692,7 +707,7 @@ fn a_claim_cut_short_by_death_is_given_back() {
     for _ in 0..2 {
         let rec = q.rec(pos);
         rec.owner.store(g, Ordering::Relaxed);
-        rec.state.store(ST_READING, Ordering::Relaxed);
+        rec.set_state(pos, ST_READING);
         pos += rec.size.load(Ordering::Relaxed);
     }
     locked_sub(&h.pending, 2);
@@ -787,4 +802,234 @@ fn the_creators_death_closes_the_queue_for_its_waiters() {
         q.put(2, 0, &[b"x"], deadline),
         Err(CoreError::Closed)
     ));
+}
+
+/// What a writer judged dead while alive does: it reserved its record (as a party whose
+/// liveness cannot be proven: a token with no liveness file behind it), then stalled while
+/// copying; another party repairs meanwhile. Returns the reservation it resumes with.
+fn reserve_as_judged_dead(q: &Queue, parts: &[&[u8]], seq: u64) -> write::Reservation {
+    let h = q.hdr();
+    let writer = h.parties.register_ghost();
+    let _g = q.lock_until(None).unwrap();
+    let np = parts.len() as u32;
+    q.try_reserve(h, writer, seq, 0, np, body_len(parts), &[])
+        .unwrap()
+}
+
+#[test]
+fn a_late_commit_of_a_writer_judged_dead_is_refused_and_nothing_acknowledged_is_lost() {
+    let q = small(1 << 14);
+    let d = Some(Instant::now() + Duration::from_secs(20));
+    q.put(1, 0, &[b"before"], None).unwrap();
+    let res = reserve_as_judged_dead(&q, &[b"late"], 2);
+    q.put(3, 0, &[b"after"], None).unwrap();
+    // A reader's repair judges the writer dead and gives its record up; reads pass it.
+    assert!(q.recover() >= 1);
+    assert_eq!(get(&q, d).unwrap().0, 1);
+    assert_eq!(get(&q, d).unwrap().0, 3);
+    // The writer resumes: its commit is refused (it used to land READY behind `read`).
+    let e = q.fill_and_commit(res, &[b"late"]).unwrap_err();
+    assert!(matches!(e, CoreError::JudgedDead(_)), "{e}");
+    assert!(e.to_string().contains("was not put"), "{e}");
+    q.audit(d).unwrap();
+    // Nothing is pinned: the ring wraps many times over the old record's space.
+    for i in 0..1000u64 {
+        q.put(10 + i, 0, &[&[7u8; 300]], d).unwrap();
+        assert_eq!(get(&q, d).unwrap().0, 10 + i);
+    }
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn a_late_commit_racing_the_reuse_of_its_space_touches_no_other_record() {
+    let q = small(4096);
+    let d = Some(Instant::now() + Duration::from_secs(20));
+    let res = reserve_as_judged_dead(&q, &[b"late"], 1);
+    assert!(q.recover() >= 1);
+    // The ring goes round until a new record sits where the abandoned one was.
+    let mut n = 0;
+    while !(q.rec(res.pos).stamped(res.pos + q.ring_size()) && q.rec(res.pos).state() == ST_READY) {
+        assert!(n < 100_000, "the ring never came back round");
+        q.put(100 + n, 0, &[b"m"], d).unwrap();
+        if q.rec(res.pos).stamped(res.pos + q.ring_size()) {
+            break;
+        }
+        assert_eq!(get(&q, d).unwrap().0, 100 + n);
+        n += 1;
+    }
+    // The new record there is READY and unread: the late commit must leave it alone.
+    assert!(matches!(
+        q.fill_and_commit(res, &[b"late"]),
+        Err(CoreError::JudgedDead(_))
+    ));
+    assert_eq!(get(&q, d).unwrap().0, 100 + n);
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn a_late_commit_into_a_slot_repair_took_is_refused_and_leaves_no_name() {
+    let q = pooled(None);
+    let d = Some(Instant::now() + Duration::from_secs(20));
+    let a = big(30_000, 3);
+    let res = reserve_as_judged_dead(&q, &[b"hdr", &a], 1);
+    let (idx, gen) = slot_of(q.rec(res.pos));
+    assert!(q.rec(res.pos).flags.load(Ordering::Relaxed) & FLAG_SLOT != 0);
+    assert!(q.recover() >= 1);
+    assert!(matches!(
+        q.fill_and_commit(res, &[b"hdr", &a]),
+        Err(CoreError::JudgedDead(_))
+    ));
+    let name = crate::slots::slot_name(q.name(), q.hdr().slots.name_key(), idx, gen);
+    assert!(Segment::attach(&name).is_err(), "{name} was left behind");
+    q.put(2, 0, &[b"hdr", &a], d).unwrap();
+    let (mut c, _) = claim_big(&q, &a);
+    q.release(&mut c);
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn audit_reports_a_ready_record_behind_read_and_repair_unpins_it() {
+    let q = small(1 << 14);
+    let d = Some(Instant::now() + Duration::from_secs(20));
+    for i in 1..=3 {
+        q.put(i, 0, &[b"m"], None).unwrap();
+    }
+    let h = q.hdr();
+    // Message 1 stays claimed, so the tail cannot pass message 2 once it is read.
+    let mut held = q.claim(1, d).unwrap();
+    let second = h.read.load(Ordering::Relaxed);
+    assert_eq!(get(&q, d).unwrap().0, 2);
+    // A READY record behind `read` (what a late commit used to leave): `audit` passed it,
+    // and the tail stopped at it for ever.
+    q.rec(second).set_state(second, ST_READY);
+    let e = q.audit(d).unwrap_err();
+    assert!(e.to_string().contains("behind read"), "{e}");
+    q.release(&mut held);
+    assert_eq!(h.tail.load(Ordering::Relaxed), second, "pinned");
+    let ghost = h.parties.register_ghost();
+    h.lock.0.force_holder(ghost);
+    q.put(4, 0, &[b"c"], d).unwrap(); // takes the lock over, repairs
+    q.audit(d).unwrap();
+    assert_eq!(get(&q, d).unwrap().0, 3);
+    assert_eq!(get(&q, d).unwrap().0, 4);
+    for i in 0..500u64 {
+        q.put(10 + i, 0, &[&[1u8; 200]], d).unwrap();
+        assert_eq!(get(&q, d).unwrap().0, 10 + i);
+    }
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn take_small_whose_callback_fails_leaves_the_message_first() {
+    let q = small(1 << 14);
+    q.put(1, 0, &[b"kept"], None).unwrap();
+    q.put(2, 0, &[b"next"], None).unwrap();
+    let r = q.take_small(1 << 10, |_, _, _| Err::<(), _>("out of memory"));
+    assert!(matches!(r, Ok(Small::Took(Err("out of memory")))));
+    assert_eq!(q.len(), 2);
+    let d = Some(Instant::now() + Duration::from_secs(10));
+    assert_eq!(take_one(&q, d).unwrap(), (1, 0, vec![b"kept".to_vec()]));
+    assert_eq!(take_one(&q, d).unwrap().0, 2);
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn a_stale_token_is_dead_even_when_its_number_is_registered_again() {
+    let q = small(1 << 14);
+    let h = q.hdr();
+    let old = h.parties.register_ghost();
+    // Repair frees the dead entry, and a new registration takes the same number.
+    q.recover();
+    let me = crate::liveness::me().unwrap();
+    let id = crate::liveness::Identity {
+        pid: me.pid,
+        nonce: me.nonce ^ 0x0505_0505,
+    };
+    let new = h.parties.register(id).unwrap().token;
+    assert_eq!(parties::split(new).0, parties::split(old).0, "same number");
+    assert_ne!(new, old, "a new generation");
+    assert!(h.parties.identity(old).is_none());
+    assert_eq!(h.parties.identity(new), Some(id));
+}
+
+#[test]
+fn a_death_inside_evict_loses_no_later_message() {
+    // Evicting a free slot takes two steps (mark it EMPTY, unlink its segment's name). A
+    // death between them must not leave a FREE slot whose name is gone: the next large
+    // message would go into it, and a reader mapping it by name would lose it.
+    let q = pooled(Some(150_000));
+    let reader = Queue::attach(q.name()).unwrap();
+    let d = Some(Instant::now() + Duration::from_secs(10));
+    let a = big(40_000, 1);
+    q.put(1, 0, &[b"hdr", &a], None).unwrap();
+    let (mut c, _) = claim_big(&q, &a);
+    q.release(&mut c);
+    drop(c);
+    // A larger message evicts the free one; the writer dies inside the eviction.
+    crate::slots::DIE_IN_EVICT.with(|x| x.set(true));
+    let b = big(120_000, 2);
+    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = q.put(2, 0, &[b"hdr", &b], d);
+    }));
+    assert!(died.is_err());
+    q.recover();
+    // The next message of the evicted slot's size goes through, read by another handle
+    // (which maps slots by name).
+    q.put(3, 0, &[b"hdr", &a], d).unwrap();
+    let (mut c, _) = claim_big(&reader, &a);
+    assert_eq!(c[0].seq, 3);
+    reader.release(&mut c);
+    q.audit(d).unwrap();
+}
+
+#[test]
+fn positions_more_than_a_ring_apart_are_an_error_and_repair_cuts_them_back() {
+    let q = small(4096);
+    let d = Some(Instant::now() + Duration::from_secs(10));
+    q.put(1, 0, &[b"a"], None).unwrap();
+    let h = q.hdr();
+    let head = h.head.load(Ordering::Relaxed);
+    h.head.store(head + 1000 * q.ring_size(), Ordering::Relaxed);
+    assert!(q.audit(d).is_err());
+    assert!(matches!(q.claim(1, d), Err(CoreError::BadSegment(_))));
+    q.recover();
+    assert!(h.head.load(Ordering::Relaxed) - h.tail.load(Ordering::Relaxed) <= q.ring_size());
+    q.audit(d).unwrap();
+    // The queue goes on.
+    while let Ok(c) = q.claim(8, Some(Instant::now())) {
+        let mut c = c;
+        q.release(&mut c);
+    }
+    q.put(2, 0, &[b"b"], d).unwrap();
+    assert_eq!(get(&q, d).unwrap().0, 2);
+}
+
+#[test]
+fn many_idle_waiters_scan_for_the_dead_once_a_tick_between_them() {
+    // Every waiter whose sleep ended without progress scanned every party's token: hundreds
+    // of idle pool workers did so hundreds of times a tick. The scans are now shared.
+    let q = Arc::new(small(1 << 14));
+    q.party().unwrap();
+    let start = Instant::now();
+    let threads: Vec<_> = (0..8)
+        .map(|_| {
+            let q = q.clone();
+            thread::spawn(move || {
+                let d = Instant::now() + Duration::from_millis(400);
+                while Instant::now() < d {
+                    q.wait_readable(q.data_stamp(), Some(d));
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    let scans = q.scans.load(Ordering::Relaxed);
+    let ticks = (start.elapsed().as_nanos() / RECOVER_TICK.as_nanos()) as u64;
+    assert!(
+        scans <= ticks + 1,
+        "{scans} scans in {ticks} ticks by 8 waiters of one queue"
+    );
+    assert!(scans >= 1, "nobody scanned");
 }

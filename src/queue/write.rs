@@ -24,6 +24,11 @@ enum SideTo {
 pub(super) struct Reservation {
     pub pos: u64,
     side: Option<SideTo>,
+    /// The writer's token, as stored in the record and the slot.
+    me: u32,
+    /// Whether cleanups after a failure may wait for the lock (a bounded wait), or only
+    /// try it, deferring what they could not do (the caller holds the GIL).
+    wait: bool,
 }
 
 impl Queue {
@@ -111,13 +116,13 @@ impl Queue {
             let p = self.rec(head);
             p.size.store(r - off, Ordering::Relaxed);
             p.flags.store(0, Ordering::Relaxed);
-            p.state.store(ST_PAD, Ordering::Release);
+            p.set_state(head, ST_PAD);
             head += r - off;
             h.head.store(head, Ordering::Relaxed);
         }
         let rec = self.rec(head);
         rec.owner.store(me, Ordering::Relaxed);
-        rec.state.store(ST_WRITING, Ordering::Release);
+        rec.set_state(head, ST_WRITING);
         rec.seq.store(seq, Ordering::Relaxed);
         rec.kind.store(kind, Ordering::Relaxed);
         rec.nparts.store(nparts, Ordering::Relaxed);
@@ -127,7 +132,7 @@ impl Queue {
         match &side {
             None => {}
             Some(SideTo::Slot(t)) => {
-                rec.slot.store(t.idx as u64, Ordering::Relaxed);
+                rec.slot.store(t.idx as u32, Ordering::Relaxed);
                 rec.slot_gen.store(t.gen, Ordering::Relaxed);
                 rec.flags.store(FLAG_SLOT, Ordering::Relaxed);
             }
@@ -161,39 +166,59 @@ impl Queue {
         // leaves a WRITING record of a dead writer, whose slots repair discards whichever
         // state each is in (crate::slots, "Sending by reference").
         for r in refs {
-            h.slots.hand_to_ring(r.slot as usize);
+            h.slots.hand_to_ring(r.slot as usize, r.gen, me);
         }
         if side.is_some() {
             locked_add(&h.side_bytes, body);
         }
         locked_add(&h.n_msgs, 1);
         locked_add(&h.pending, 1);
-        Some(Reservation { pos: head, side })
+        Some(Reservation {
+            pos: head,
+            side,
+            me,
+            wait: true,
+        })
     }
 
     /// Writes the parts of a reserved message and commits it (or abandons it on error).
-    /// Returns whether it committed.
+    ///
+    /// The commit is a compare-and-swap WRITING -> READY on the record's stamped state word
+    /// (`layout::RecordHeader::tag`): if repair judged this process dead meanwhile and
+    /// abandoned the record (or its space was since reused), the commit fails and the caller
+    /// gets [`CoreError::JudgedDead`]: the message was not put, and nothing lands behind
+    /// `read` or in another record.
     pub(super) fn fill_and_commit(&self, res: Reservation, parts: &[&[u8]]) -> Result<()> {
         let rec = self.rec(res.pos);
         let h = self.hdr();
+        let me = res.me;
+        let judged_dead = || {
+            CoreError::JudgedDead(format!(
+                "message {} of queue {}",
+                rec.seq.load(Ordering::Relaxed),
+                self.name()
+            ))
+        };
         let outcome = match &res.side {
             None => {
                 // SAFETY: the record's body was reserved for exactly this layout.
                 unsafe { write_body(self.body_ptr(res.pos), parts) };
                 Ok(())
             }
-            Some(SideTo::Slot(t)) => match self.maps.get(self.name(), h.slots.name_key(), *t) {
+            Some(SideTo::Slot(t)) => match self.maps.get(self.name(), &self.hdr().slots, *t) {
                 Ok(seg) => {
                     // SAFETY: the slot's segment holds at least `body_len(parts)` bytes
                     // (checked by SlotMaps::get) and is ours (BUSY, holder us) until commit.
                     unsafe { write_body(seg.as_ptr(), parts) };
-                    h.slots.hand_to_ring(t.idx);
-                    Ok(())
+                    // BUSY(me) -> BUSY(0), only if repair did not take it from us.
+                    if h.slots.hand_to_ring(t.idx, t.gen, me) {
+                        Ok(())
+                    } else {
+                        Err(judged_dead())
+                    }
                 }
                 Err(e) => {
-                    if let Ok(_g) = self.lock_until(None) {
-                        h.slots.discard(self.name(), t.idx, t.gen);
-                    }
+                    self.discard_slots(vec![(t.idx, t.gen)], res.wait);
                     Err(e)
                 }
             },
@@ -206,20 +231,46 @@ impl Queue {
                 })
             }
         };
-        if outcome.is_err() && refs_count(rec) > 0 {
-            // Abandoned: the slots it sends by reference go with it.
-            if let Ok(_g) = self.lock_until(None) {
-                self.discard_refs(res.pos, rec);
-            }
+        if outcome.is_err() && refs_count(rec) > 0 && rec.stamped(res.pos) {
+            // Abandoned: the slots it sends by reference go with it (a slot repair already
+            // discarded has another generation or none: discarding it again does nothing).
+            let slots = self
+                .refs_of(res.pos, rec)
+                .iter()
+                .map(|r| (r.slot as usize, r.gen))
+                .collect();
+            self.discard_slots(slots, res.wait);
         }
-        rec.state.store(
-            if outcome.is_ok() {
-                ST_READY
-            } else {
-                ST_ABANDONED
-            },
-            Ordering::Release,
-        );
+        let to = if outcome.is_ok() {
+            ST_READY
+        } else {
+            ST_ABANDONED
+        };
+        let outcome = if rec.change(res.pos, ST_WRITING, to) {
+            outcome
+        } else {
+            // Repair abandoned the record: this process was judged dead. Whatever it made
+            // for the message is nobody's now; the name of a one-shot segment it may have
+            // created after repair unlinked it goes too.
+            match &res.side {
+                Some(SideTo::OneShot(name, _)) => {
+                    let _ = crate::shm::unlink_name(name);
+                }
+                Some(SideTo::Slot(t)) => {
+                    // Repair emptied the slot (and unlinked its name); a fresh slot's
+                    // segment may have been made after that. Its generation is never
+                    // handed out again, so the name is ours alone.
+                    let _ = crate::shm::unlink_name(&crate::slots::slot_name(
+                        self.name(),
+                        h.slots.name_key(),
+                        t.idx,
+                        t.gen,
+                    ));
+                }
+                None => {}
+            }
+            Err(outcome.err().unwrap_or_else(judged_dead))
+        };
         self.wake_readers(1);
         outcome
     }
@@ -281,13 +332,13 @@ impl Queue {
     /// that hold the GIL. Returns how many were put.
     pub fn try_put_many(&self, msgs: &[(u64, u32, &[&[u8]])]) -> Result<usize> {
         let g = self.try_lock()?;
-        self.put_locked(g, msgs)
+        self.put_locked(g, msgs, false)
     }
 
     /// As [`Queue::try_put_many`], but waits for the lock until `deadline`.
     fn put_some(&self, msgs: &[(u64, u32, &[&[u8]])], deadline: Option<Instant>) -> Result<usize> {
         let g = self.lock_until(deadline)?;
-        self.put_locked(g, msgs)
+        self.put_locked(g, msgs, true)
     }
 
     /// Reserves the first messages that fit under the lock `g`, releases it, then fills and
@@ -296,6 +347,7 @@ impl Queue {
         &self,
         g: crate::shmlock::ShmLockGuard<'_>,
         msgs: &[(u64, u32, &[&[u8]])],
+        wait: bool,
     ) -> Result<usize> {
         let h = self.hdr();
         let me = self.party()?;
@@ -319,7 +371,7 @@ impl Queue {
             for (slot, (seq, kind, parts)) in batch.iter_mut().zip(msgs) {
                 let (np, body) = (parts.len() as u32, body_len(parts));
                 match self.try_reserve(h, me, *seq, *kind, np, body, &[]) {
-                    Some(r) => *slot = Some(r),
+                    Some(r) => *slot = Some(Reservation { wait, ..r }),
                     None => break,
                 }
                 n += 1;
@@ -328,16 +380,44 @@ impl Queue {
             locked_add(&h.total_puts.0, n as u64);
             locked_add(&h.total_bytes, bytes);
         }
+        // Messages commit in order; after a failure the rest of the batch is given up, so
+        // that an error says exactly how many went in (the first `ok`), never more.
         let mut first_err = None;
+        let mut ok = 0;
         for (r, m) in batch.iter_mut().zip(msgs).take(n) {
             let r = r.take().expect("reserved above");
-            if let Err(e) = self.fill_and_commit(r, m.2) {
-                first_err.get_or_insert(e);
+            if first_err.is_some() {
+                self.give_up(r);
+                continue;
+            }
+            match self.fill_and_commit(r, m.2) {
+                Ok(()) => ok += 1,
+                Err(e) => first_err = Some(e),
             }
         }
         match first_err {
-            Some(e) => Err(e),
+            Some(e) if ok == 0 => Err(e),
+            Some(e) => Err(CoreError::partial(ok, e)),
             None => Ok(n),
         }
+    }
+
+    /// Gives up a reserved message unfilled: its record is abandoned and its slot discarded
+    /// (a batch stopped at an earlier message's failure).
+    fn give_up(&self, res: Reservation) {
+        let rec = self.rec(res.pos);
+        if rec.stamped(res.pos) && rec.state() == ST_WRITING {
+            let mut slots: Vec<(usize, u64)> = self
+                .refs_of(res.pos, rec)
+                .iter()
+                .map(|r| (r.slot as usize, r.gen))
+                .collect();
+            if let Some(SideTo::Slot(t)) = &res.side {
+                slots.push((t.idx, t.gen));
+            }
+            self.discard_slots(slots, res.wait);
+        }
+        rec.change(res.pos, ST_WRITING, ST_ABANDONED);
+        self.wake_readers(1);
     }
 }
