@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from easycore.common.parallel import leases
+from easycore._engine import leases
 
 __all__ = ["empty", "empty_like", "is_shared", "zeros", "zeros_like"]
 

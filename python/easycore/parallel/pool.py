@@ -37,7 +37,6 @@ How work travels::
 
 from __future__ import annotations
 
-import atexit
 import collections
 import itertools
 import os
@@ -49,9 +48,10 @@ from collections.abc import Callable, Iterable, Iterator, Sized
 from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
 from typing import Any, ParamSpec, TypeVar, cast
 
-from easycore.common.parallel import wire
+from easycore._engine import lifecycle
+from easycore._engine.lifecycle import TICK, Stage
+from easycore._engine.reports import not_picklable_error, worker_error
 from easycore.common.parallel.call import Call
-from easycore.common.parallel.remote_errors import worker_error
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -68,7 +68,6 @@ _T = TypeVar("_T")
 _S = TypeVar("_S")
 _P = ParamSpec("_P")
 
-_TICK = 0.1  # seconds between checks while a thread waits
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
 # The pool's default ``window`` (items in flight in its stream, and a job's read ahead):
 # large, so that tiny items travel in batches of thousands (an engine batch is at most a
@@ -78,19 +77,6 @@ _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims a
 _WINDOW = 65536
 
 # ----- in the caller -----
-
-
-_LIVE_POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()
-
-
-@atexit.register
-def _terminate_all_at_exit() -> None:
-    # Registered after the engine's exit hook, so it runs first: streams stop before runners.
-    for p in list(_LIVE_POOLS):
-        try:
-            p.terminate()
-        except BaseException:  # noqa: BLE001, S110 - nothing useful to do at exit
-            pass
 
 
 def _for_pool(e: BaseException) -> BaseException:
@@ -252,8 +238,8 @@ class Pool:
             close_timeout=close_timeout,
             seed=seed,
             backend=backend,
+            on_unsendable=weakref.WeakMethod(self._unsendable),
         )
-        self._runner._pool = weakref.ref(self)
         self._window = self._runner._window
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
         # is still cancellable (it is "running" once sent), yet every worker has a next one.
@@ -263,7 +249,7 @@ class Pool:
         self._n_results = 0  # map results received by the current stream
         self._service = threading.Thread(target=self._serve, name="easycore-pool", daemon=True)
         self._service.start()
-        _LIVE_POOLS.add(self)
+        lifecycle.register(Stage.POOL, self)
 
     # ----- properties -----
 
@@ -302,7 +288,7 @@ class Pool:
                 call: Call | None = None
                 with self._cv:
                     while not (self._tasks or self._jobs or self._closing):
-                        self._cv.wait(_TICK)
+                        self._cv.wait(TICK)
                     if self._terminated or (self._closing and not self._tasks and not self._jobs):
                         return
                     generation = self._generation
@@ -431,13 +417,8 @@ class Pool:
         job = self._jobs.get(jid)
         if job is None:
             return
-        what = wire.describe_unpicklable(list(arg))
-        err = SerializationError(
-            f"input item {index}..{index + len(arg) - 1} of this call cannot be sent to the "
-            f"workers: {what} is not picklable"
-        )
-        err.__cause__ = error
-        job.fail(err)
+        what = f"input item {index}..{index + len(arg) - 1} of this call"
+        job.fail(not_picklable_error(what, list(arg), error, to="the workers"))
 
     @staticmethod
     def _deliver(job: _Job | None, index: int, ok: bool, value: Any) -> None:
@@ -607,7 +588,7 @@ class Pool:
                             break
                         if job.input_done and job.consumed >= job.pulled:
                             return
-                        wait = _TICK
+                        wait = TICK
                         if deadline is not None:
                             wait = min(wait, deadline - time.monotonic())
                             if wait <= 0:
@@ -953,7 +934,7 @@ class Pool:
         if threading.current_thread() is not self._service:
             self._service.join(timeout)
         if not self._service.is_alive():
-            _LIVE_POOLS.discard(self)
+            lifecycle.discard(Stage.POOL, self)
             err = getattr(self, "_end_error", None)
             if err is not None:
                 self._end_error = None

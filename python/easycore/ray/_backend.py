@@ -29,9 +29,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from easycore.common.parallel import producers, wire
-from easycore.common.parallel import worker as _worker
-from easycore.common.parallel.remote_errors import worker_error
+from easycore._engine import lifecycle, wire
+from easycore._engine import producer as _producer
+from easycore._engine.lifecycle import INTERRUPT_GRACE_S, TICK, Stage
+from easycore._engine.reports import error_report, worker_error
+from easycore.common.parallel import producers
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -42,8 +44,6 @@ from easycore.errors import (
 )
 from easycore.ray._actor import ProducerActor, to_ray_parts
 
-_TICK = 0.1  # seconds between checks while waiting for actors to start or stop
-_GRACE_S = 2.0  # after an interrupt, time left for producer_end before the actors are killed
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -310,9 +310,9 @@ class RayWorkers(producers.WorkerSet):
         self.out_budget = out_budget
         self.calls_in_flight = calls_in_flight
         n = len(handles)
-        self.view = [0] * _worker.state_size(n)
+        self.view = [0] * _producer.state_size(n)
         for i in range(n):
-            self.view[_worker.STATE_FIELDS * i + _worker.ITEM] = -1
+            self.view[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
         self.lock = threading.Lock()
         # Per actor, its calls in flight in the order sent (an actor runs them in that
         # order): [ref, call, first item, item count, seq].
@@ -325,7 +325,7 @@ class RayWorkers(producers.WorkerSet):
         self.owner_pid = os.getpid()
         self.in_q = _Sender(self)
         self.out_q = _Results()
-        producers.LIVE_WORKERS.add(self)
+        lifecycle.register(Stage.PRODUCERS, self)
 
     # ----- start -----
 
@@ -396,15 +396,15 @@ class RayWorkers(producers.WorkerSet):
 
     def _working_on(self, i: int, entry: list[Any] | None) -> None:
         """Updates the view of what actor ``i`` works on (under ``lock``): its oldest call."""
-        base = _worker.STATE_FIELDS * i
+        base = _producer.STATE_FIELDS * i
         view = self.view
         if entry is None:
-            view[base + _worker.ITEM] = -1
+            view[base + _producer.ITEM] = -1
             return
-        view[base + _worker.CALL] = entry[1]
-        view[base + _worker.SINCE_NS] = time.monotonic_ns()
-        view[base + _worker.COUNT] = entry[3]
-        view[base + _worker.ITEM] = entry[2]
+        view[base + _producer.CALL] = entry[1]
+        view[base + _producer.SINCE_NS] = time.monotonic_ns()
+        view[base + _producer.COUNT] = entry[3]
+        view[base + _producer.ITEM] = entry[2]
 
     def _done(self, i: int, entry: list[Any], fut: Any) -> None:
         """An actor call ended (in a Ray thread): its message goes to the output queue."""
@@ -417,7 +417,7 @@ class RayWorkers(producers.WorkerSet):
         except exceptions.RayActorError as e:
             self._actor_died(i, e)
         except BaseException as e:  # noqa: BLE001 - reported as the batch's error
-            report = _worker.error_report("producer_work", self.devices[i], entry[2], e, "ray")
+            report = error_report("producer_work", self.devices[i], entry[2], e, "ray")
             msg = (entry[4], wire.pack_kind(wire.ERROR, entry[1]), self.codec.dumps(report))
         with self.lock:
             q = self.inflight[i]
@@ -481,7 +481,7 @@ class RayWorkers(producers.WorkerSet):
         ray = self.ray
         if interrupt:
             self.interrupt()
-            timeout = min(timeout, _GRACE_S)
+            timeout = min(timeout, INTERRUPT_GRACE_S)
         deadline = time.monotonic() + timeout
         stops: dict[Any, int] = {}
         for i, h in enumerate(self.handles):
@@ -492,7 +492,7 @@ class RayWorkers(producers.WorkerSet):
                     continue
         pending = list(stops)
         while pending and time.monotonic() < deadline:
-            left = max(0.0, min(_TICK, deadline - time.monotonic()))
+            left = max(0.0, min(TICK, deadline - time.monotonic()))
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=left)
             for ref in ready:
                 try:
@@ -513,7 +513,7 @@ class RayWorkers(producers.WorkerSet):
         self.out_q.close()
         for h in self.handles:
             _kill(self.ray, h)
-        producers.LIVE_WORKERS.discard(self)
+        lifecycle.discard(Stage.PRODUCERS, self)
 
 
 def _kill(ray: Any, handle: Any) -> None:
@@ -540,7 +540,7 @@ def _wait_started(
                 f"{plan.backend.start_timeout:.0f} s: the cluster may lack the resources they "
                 f"ask for ({asks}); see `ray status`"
             )
-        ready, pending = ray.wait(pending, num_returns=1, timeout=_TICK)
+        ready, pending = ray.wait(pending, num_returns=1, timeout=TICK)
         for ref in ready:
             i = index[ref]
             try:

@@ -32,9 +32,10 @@ from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from easycore._core import ReorderBuffer
-from easycore.common.parallel import leases, wire
-from easycore.common.parallel import worker as _worker
-from easycore.common.parallel.remote_errors import call_hook, hook_error, worker_error
+from easycore._engine import leases, wire
+from easycore._engine import producer as _producer
+from easycore._engine.lifecycle import TICK
+from easycore._engine.reports import call_hook, hook_error, worker_error
 from easycore.common.parallel.runs import IteratorRuns
 from easycore.common.parallel.stats import RunnerStats
 from easycore.errors import (
@@ -49,9 +50,44 @@ from easycore.errors import (
 )
 
 if TYPE_CHECKING:
-    from easycore.common.parallel.engine import BaseRunner
+    from easycore._core import ReorderBuffer as _ReorderBuffer
+    from easycore.common.parallel.producers import LocalWorkers
 
-TICK = 0.1  # seconds between health checks while blocked
+
+class RunnerLike(Protocol):
+    """What a call uses of its runner (:class:`~easycore.common.parallel.BaseRunner`): its
+    settings, the figures it learns across calls, and the one-call-at-a-time protocol."""
+
+    _ordered: bool
+    _window: int
+    _window_floor: int
+    _devices: list[str]
+    _cfg: Any
+    _cost_per_item: float  # learned across calls: producer seconds per item
+    _out_bytes_per_item: float  # learned across calls: result bytes per item
+    stats: RunnerStats
+
+    @property
+    def _calls(self) -> Iterator[int]:
+        """Call numbers."""
+
+    # the consumer hooks (looked up on the class)
+    @staticmethod
+    def consumer_init(cfg: Any) -> None: ...
+    @staticmethod
+    def consumer_work(cfg: Any, data: Any) -> None: ...
+    @staticmethod
+    def consumer_end(cfg: Any) -> Any: ...
+
+    def _codec(self) -> wire.Codec: ...
+    def _active_workers(self) -> LocalWorkers: ...
+    def _begin(self, call: Call, timeout: float | None) -> None: ...
+    def _end(self, call: Call) -> None: ...
+    def _shutdown(self, interrupt: bool) -> None: ...
+    def _reorder_buffer(self, window: int) -> _ReorderBuffer: ...
+    def _drop_unsendable(self, items: list[Any], first: int, error: Exception) -> list[Any]: ...
+
+
 _TARGET_BATCH_S = 0.004  # producer work per message the batching aims at
 _MAX_BATCH_BYTES = 1 << 20  # do not grow batches of large items past this
 _SEQUENCES = (range, list, tuple)  # inputs sliced in place: reading them never blocks
@@ -98,7 +134,7 @@ class Call:
 
     def __init__(
         self,
-        runner: BaseRunner,
+        runner: RunnerLike,
         data_iter: Iterable[Any],
         progress: bool,
         timeout: float | None,
@@ -682,10 +718,12 @@ class Call:
         now = time.monotonic_ns()
         stuck = []
         for i in range(self.n):
-            base = _worker.STATE_FIELDS * i
-            item = view[base + _worker.ITEM]
-            if item >= 0 and view[base + _worker.CALL] == self.call:
-                stuck.append((view[base + _worker.SINCE_NS], i, item, view[base + _worker.COUNT]))
+            base = _producer.STATE_FIELDS * i
+            item = view[base + _producer.ITEM]
+            if item >= 0 and view[base + _producer.CALL] == self.call:
+                stuck.append(
+                    (view[base + _producer.SINCE_NS], i, item, view[base + _producer.COUNT])
+                )
         in_flight = self.dispatched - self.delivered
         if stuck:
             since, i, item, count = min(stuck)

@@ -17,7 +17,6 @@ A dead producer, Ctrl-C, a call's timeout or SIGTERM close the runner: producers
 
 from __future__ import annotations
 
-import atexit
 import itertools
 import multiprocessing
 import os
@@ -35,17 +34,18 @@ from easycore._core import (
     shm_space,
     sweep_stale_segments,
 )
-from easycore.common.parallel import wire
-from easycore.common.parallel import worker as _worker
-from easycore.common.parallel.call import TICK, Call
+from easycore._engine import lifecycle, plugins, wire
+from easycore._engine import producer as _producer
+from easycore._engine.lifecycle import TICK, Stage
+from easycore._engine.reports import not_picklable_error, worker_error
+from easycore.common.parallel.call import Call
 from easycore.common.parallel.devices import (
     choose_start_method,
     parse_devices,
     start_method_reason,
 )
 from easycore.common.parallel.hooks import RunnerHooks
-from easycore.common.parallel.producers import LIVE_WORKERS, LocalWorkers
-from easycore.common.parallel.remote_errors import worker_error
+from easycore.common.parallel.producers import LocalWorkers
 from easycore.common.parallel.sigterm import install_handler
 from easycore.common.parallel.stats import RunnerStats
 from easycore.common.parallel.worker import producer_main
@@ -56,7 +56,6 @@ from easycore.errors import (
     RunnerBusyError,
     RunnerClosedError,
     RunnerTimeoutError,
-    SerializationError,
     StartMethodError,
     WorkerDiedError,
 )
@@ -81,23 +80,6 @@ def _to_cfg(cfg: Any) -> Any:
     if isinstance(cfg, dict):
         return CfgNode(cfg)
     raise InvalidArgument(f"cfg must be a CfgNode or a dict, got {type(cfg).__name__}")
-
-
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all_at_exit() -> None:
-    # Registered after multiprocessing's own exit hook, so it runs first: producers are
-    # stopped before multiprocessing joins its children (which would wait forever on one
-    # stuck in producer_end after an interrupted close()).
-    for r in list(_LIVE):
-        try:
-            r.close()
-        except BaseException:  # noqa: BLE001 - nothing useful to do at exit
-            pass
-    for w in list(LIVE_WORKERS):
-        w.kill_now()
 
 
 def _random_seed() -> int:
@@ -131,15 +113,14 @@ def _remote_plan(backend: Any, devices: Any, start_method: str | None) -> Any:
     string per producer), ``start_method`` (a ``(name, reason)`` pair) and ``start(runner)``,
     which returns an object with the interface of :class:`LocalWorkers` (``in_q.put``,
     ``out_q.get_many``/``put``, ``dead()``, ``shutdown()``…) on which :class:`Call` runs
-    unchanged. Only ``easycore.ray`` makes plans today; it is imported here, on demand."""
+    unchanged. Only ``easycore.ray`` makes plans today; ``"ray"`` loads it on demand
+    (``easycore._engine.plugins``)."""
     if backend is None or backend == "local":
         return None
     if start_method is not None:
         raise InvalidArgument(f"start_method cannot be given with backend={backend!r}")
     if backend == "ray":
-        from easycore.ray import RayBackend
-
-        backend = RayBackend()
+        backend = plugins.load("backend:ray")()
     if not callable(getattr(backend, "plan", None)):
         raise InvalidArgument(
             f"backend must be None, 'local', 'ray' or an easycore.ray.RayBackend, got {backend!r}"
@@ -185,6 +166,13 @@ class BaseRunner(RunnerHooks):
     """
 
     _ordered = False
+
+    @staticmethod
+    def _fix_unsendable(results: list[Any], device: str) -> list[Any] | None:
+        """In a producer: the results of a batch that did not pickle, the culprits replaced
+        by what may travel; None (a runner): the batch's call fails. (The pool's runner
+        turns each culprit into an error report for its own call: ``parallel/tasks.py``.)"""
+        return None
 
     @staticmethod
     def _start_context(method: str) -> Any:
@@ -257,11 +245,8 @@ class BaseRunner(RunnerHooks):
         """Called when a batch of input items cannot be pickled: returns the items to send
         anyway (the others are dropped), or raises. A runner raises: the call fails with
         :class:`~easycore.errors.SerializationError` naming the culprit."""
-        what = wire.describe_unpicklable(items)
-        raise SerializationError(
-            f"input item {first}..{first + len(items) - 1} cannot be sent to the producers: "
-            f"{what} is not picklable"
-        ) from error
+        what = f"input item {first}..{first + len(items) - 1}"
+        raise not_picklable_error(what, items, error) from error
 
     @classmethod
     def _producer_setup(cls, n_producers: int) -> Any:
@@ -372,7 +357,7 @@ class BaseRunner(RunnerHooks):
                 workers = self._remote.start(self)
                 self._workers = workers
                 self._finalizer = weakref.finalize(self, workers.shutdown, self._close_timeout)
-                _LIVE.add(self)
+                lifecycle.register(Stage.RUNNER, self)
                 return
             self._check_spawnable()
             sweep_stale_segments()
@@ -395,9 +380,9 @@ class BaseRunner(RunnerHooks):
                 side_budget=out_bytes,
             )
             ctx = self._start_context(self._start_method)
-            state = ctx.RawArray("q", _worker.state_size(n))
+            state = ctx.RawArray("q", _producer.state_size(n))
             for i in range(n):
-                state[_worker.STATE_FIELDS * i + _worker.ITEM] = -1
+                state[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
             setup = self._producer_setup(n)
             procs: list[Any] = []
             workers = LocalWorkers(procs, self._devices, in_q, out_q, state)
@@ -433,7 +418,7 @@ class BaseRunner(RunnerHooks):
             out_q.unlink()
             self._workers = workers
             self._finalizer = weakref.finalize(self, workers.shutdown, self._close_timeout)
-            _LIVE.add(self)
+            lifecycle.register(Stage.RUNNER, self)
 
     def _await_ready(self, workers: LocalWorkers) -> None:
         codec = self._codec()
@@ -494,7 +479,7 @@ class BaseRunner(RunnerHooks):
             if self._finalizer is not None:
                 self._finalizer.detach()
                 self._finalizer = None
-            _LIVE.discard(self)
+            lifecycle.discard(Stage.RUNNER, self)
         if workers is None or workers.closed:
             return
         workers.shutdown(self._close_timeout, interrupt=interrupt)

@@ -11,7 +11,8 @@ import time
 from typing import Any
 
 from easycore._core import Queue
-from easycore.common.parallel import wire
+from easycore._engine import lifecycle, wire
+from easycore._engine.lifecycle import INTERRUPT_GRACE_S, Stage
 from easycore.common.parallel import worker as _worker
 from easycore.errors import (
     QueueClosed,
@@ -20,7 +21,6 @@ from easycore.errors import (
     WorkerDiedError,
 )
 
-INTERRUPT_GRACE_S = 2.0  # after an interrupt, time left for producer_end before a kill
 _STOP_POLL_S = 0.1  # seconds between looks at the producers while they stop
 
 
@@ -31,14 +31,11 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
-LIVE_WORKERS: set[WorkerSet] = set()  # not yet shut down; stopped at exit and on SIGTERM
-
-
 class WorkerSet:
     """What a call needs of an active runner's producers (local processes, or the Ray
     backend's actors), and the shutdown sequence they share. Subclasses set ``closed`` and
-    ``owner_pid``, add themselves to ``LIVE_WORKERS`` and implement ``_stop`` and
-    ``kill_now``."""
+    ``owner_pid``, register with ``lifecycle`` (``Stage.PRODUCERS``) and implement ``_stop``
+    and ``kill_now``."""
 
     closed: bool
     owner_pid: int
@@ -79,7 +76,7 @@ class WorkerSet:
         except BaseException:
             self.kill_now()
             raise
-        LIVE_WORKERS.discard(self)
+        lifecycle.discard(Stage.PRODUCERS, self)
 
 
 class LocalWorkers(WorkerSet):
@@ -101,7 +98,7 @@ class LocalWorkers(WorkerSet):
         self.out_budget = out_q.ring_size  # bytes of results the output queue may hold
         self._exit_poll: select.poll | None = None  # on the sentinels of the first _polled
         self._polled = 0
-        LIVE_WORKERS.add(self)
+        lifecycle.register(Stage.PRODUCERS, self)
 
     def exited(self) -> bool:
         """Whether a producer has exited: one poll(2) on their sentinels, which become
@@ -170,7 +167,7 @@ class LocalWorkers(WorkerSet):
                 p.join(2.0)
             except AssertionError:
                 pass
-        LIVE_WORKERS.discard(self)
+        lifecycle.discard(Stage.PRODUCERS, self)
 
     def _release(self) -> None:
         self.in_q.close()
@@ -205,7 +202,7 @@ class LocalWorkers(WorkerSet):
             for _seq, kind, parts in msgs:
                 if wire.unpack_kind(kind)[0] == wire.BYE:
                     byes += 1
-                    _, err = codec.loads(parts)
+                    err = codec.loads(parts)
                     if err is not None:
                         self.end_errors.append(err)
         self._release()

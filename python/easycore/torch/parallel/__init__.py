@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.multiprocessing
 
+from easycore._engine.producer import WorkerInfo, worker_info
 from easycore.common.parallel import engine
 from easycore.common.parallel.devices import parse_devices
-from easycore.common.parallel.worker import WorkerInfo, worker_info
 from easycore.errors import InvalidArgument
 from easycore.parallel import pool as _pool
 from easycore.parallel import tasks as _tasks
