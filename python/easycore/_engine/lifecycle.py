@@ -19,6 +19,8 @@ import multiprocessing.util  # noqa: F401 - its exit hook first, so that ours ru
 import weakref
 from typing import Any
 
+import easycore._core  # noqa: F401 - its exit hook (_prepare_exit) too: ours runs before it
+
 TICK = 0.1
 INTERRUPT_GRACE_S = 2.0
 
@@ -73,7 +75,8 @@ def stop_all() -> None:
                 pass
 
 
-# Registered after multiprocessing's own exit hook (imported above), so it runs first:
-# producers are stopped before multiprocessing joins its children (which would wait forever
-# on one stuck in producer_end after an interrupted close()).
+# Registered after the exit hooks of multiprocessing and of the Rust core (imported above),
+# so it runs before them: producers are stopped before multiprocessing joins its children
+# (which would wait forever on one stuck in producer_end after an interrupted close()), and
+# while the core's queues still work.
 atexit.register(stop_all)

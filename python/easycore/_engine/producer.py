@@ -1,5 +1,5 @@
 """One producer core: what a producer does wherever it runs, a local process
-(``easycore.common.parallel.worker``) or a Ray actor (``easycore.ray._actor``).
+(``easycore._engine.process_main``) or a Ray actor (``easycore.ray._actor``).
 
 :class:`ProducerCore` seeds the random generators and says who it is (:func:`worker_info`),
 runs the flavour's device set-up and ``producer_init`` (:meth:`~ProducerCore.init`), one

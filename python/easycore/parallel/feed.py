@@ -11,7 +11,7 @@ to fill a chunk. The engine's input thread does read item by item and its sender
 whatever has arrived. But a Python ``__next__`` per item, wrapping each item in its own work
 item, costs about a microsecond, more than the rest of the pool's path. So an iterator job is
 read in *segments*: a segment is a C-level iterator over the job's own items, cut by
-emptying its gate (``easycore.common.parallel.runs.gated``, which runners use too)::
+emptying its gate (``easycore._engine.runs.gated``, which runners use too)::
 
     map(itemgetter(1), zip(gate, job.it))
 
@@ -54,7 +54,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 from easycore._engine.lifecycle import TICK
-from easycore.common.parallel.runs import gated
+from easycore._engine.runs import gated
 
 if TYPE_CHECKING:
     import threading

@@ -51,7 +51,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from easycore._engine import lifecycle
 from easycore._engine.lifecycle import TICK, Stage
 from easycore._engine.reports import not_picklable_error, worker_error
-from easycore.common.parallel.call import Call
+from easycore._engine.stream import Call
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -82,13 +82,9 @@ _WINDOW = 65536
 def _for_pool(e: BaseException) -> BaseException:
     """The runner's error reworded for pool users (the pool restarts its workers itself)."""
     if isinstance(e, WorkerDiedError):
-        msg = str(e).replace(
-            "The runner was closed; call activate() to restart it",
-            "Every pending call and future of the pool failed; its next call restarts the workers",
+        return e.then(
+            "Every pending call and future of the pool failed; its next call restarts the workers"
         )
-        new = WorkerDiedError(msg, pid=e.pid, device=e.device, exitcode=e.exitcode)
-        new.__cause__ = e.__cause__
-        return new
     return e
 
 

@@ -171,7 +171,7 @@ class _TaskHooks(_RunnerBase):
         self._on_unsendable = on_unsendable
         super().__init__(devices, **kwargs)
 
-    def _producer_setup(self, n_producers: int) -> _Setup:  # type: ignore[override]
+    def _producer_setup(self, n_producers: int) -> _Setup:
         base = super()._producer_setup(n_producers)
         return _Setup(base, *self._pool_init, self._codec())
 

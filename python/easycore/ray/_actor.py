@@ -3,7 +3,7 @@
 shared-memory queue.
 
 Each call takes and returns a message of the engine's wire format, ``(seq, kind, parts)``,
-so the caller's :class:`~easycore.common.parallel.call.Call` reads results and error
+so the caller's :class:`~easycore._engine.stream.Call` reads results and error
 reports exactly as it reads them from the local producers. Out-of-band buffers (numpy arrays,
 tensors' memory) travel as numpy ``uint8`` arrays, which Ray keeps out of band too: a large
 result is written once into the object store of the actor's node, and read there by the

@@ -1,16 +1,16 @@
-"""The Ray backend: a runner's producers as Ray actors, behind the engine's worker interface.
+"""The Ray backend: a runner's producers as Ray actors, behind the engine's transport.
 
-The engine's call (:class:`~easycore.common.parallel.call.Call`) reads and batches the
+The engine's stream (:class:`~easycore._engine.stream.Call`) reads and batches the
 input, keeps the window, orders results, runs the consumer hooks, shows progress and keeps
-the statistics. It talks to its producers through an object with the interface of
-``producers.LocalWorkers``; :class:`RayWorkers` is such an object:
+the statistics. It talks to its producers through a
+:class:`~easycore._engine.transport.Transport`; :class:`RayWorkers` is the Ray one:
 
-* ``in_q.put(seq, kind, parts, block=False)`` sends one batch as one actor call
-  (``ProducerActor.work``) to the actor with the fewest calls in flight, and raises
-  ``QueueFull`` when every actor already has ``calls_in_flight`` of them;
+* ``send`` sends one batch as one actor call (``ProducerActor.work``) to the actor with the
+  fewest calls in flight, and raises ``QueueFull`` when every actor already has
+  ``calls_in_flight`` of them;
 * each call's result (a message of the engine's wire format) arrives through a callback on
-  its ``ObjectRef`` into a local queue, ``out_q``, which the receiving thread reads with
-  ``get_many`` (the input reader's wake-ups go there too);
+  its ``ObjectRef`` into the inbox, which ``receive`` reads (the input reader's wake-ups go
+  there too);
 * an actor call that fails because its actor died records a ``WorkerDiedError`` (actor,
   node, pid, cause), which ``dead()`` returns: the engine then fails the call and closes the
   runner, as for a dead process;
@@ -33,8 +33,9 @@ from easycore._engine import lifecycle, wire
 from easycore._engine import producer as _producer
 from easycore._engine.lifecycle import INTERRUPT_GRACE_S, TICK, Stage
 from easycore._engine.reports import error_report, worker_error
-from easycore.common.parallel import producers
+from easycore._engine.transport import Transport
 from easycore.errors import (
+    RUNNER_CLOSED,
     EasycoreError,
     InvalidArgument,
     QueueClosed,
@@ -217,31 +218,9 @@ def _cause(e: BaseException) -> str:
     return cause[:400] or type(e).__name__
 
 
-class _Sender:
-    """The input side: one actor call per batch (``in_q`` of the engine's call)."""
-
-    def __init__(self, workers: RayWorkers) -> None:
-        self.w = workers
-        self.wait_seconds = 0.0  # never blocks: a full set of actors raises QueueFull
-
-    def put(
-        self,
-        seq: int,
-        kind: int,
-        parts: list[Any],
-        block: bool = True,
-        timeout: float | None = None,
-    ) -> None:
-        self.w.send(seq, kind, parts)
-
-    def get_many(
-        self, n: int, block: bool = True, timeout: float | None = None
-    ) -> list[tuple[int, int, list[Any]]]:
-        raise QueueEmpty("nothing waits in the Ray backend's input")
-
-
-class _Results:
-    """The output side: messages from actor calls' callbacks and the input reader."""
+class _Inbox:
+    """Messages from actor calls' callbacks (Ray's threads) and from the input reader
+    (:meth:`RayWorkers.wake`), taken by the stream's receiving thread."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
@@ -249,24 +228,15 @@ class _Results:
         self.closed = False
         self.wait_seconds = 0.0
 
-    def put(
-        self,
-        seq: int,
-        kind: int,
-        parts: list[Any],
-        block: bool = True,
-        timeout: float | None = None,
-    ) -> None:
-        self.push((seq, kind, parts))
-
     def push(self, msg: tuple[int, int, list[Any]]) -> None:
         with self.cond:
             self.msgs.append(msg)
             self.cond.notify()
 
-    def get_many(
-        self, n: int, block: bool = True, timeout: float | None = None
+    def take(
+        self, max_messages: int, block: bool = True, timeout: float | None = None
     ) -> list[tuple[int, int, list[Any]]]:
+        """Up to ``max_messages`` messages (see :meth:`Transport.receive`)."""
         with self.cond:
             if not self.msgs:
                 if self.closed:
@@ -281,7 +251,7 @@ class _Results:
                         raise QueueClosed("the runner was closed")
                     raise QueueEmpty("no result")
             msgs = self.msgs
-            return [msgs.popleft() for _ in range(min(n, len(msgs)))]
+            return [msgs.popleft() for _ in range(min(max_messages, len(msgs)))]
 
     def close(self) -> None:
         with self.cond:
@@ -289,8 +259,8 @@ class _Results:
             self.cond.notify_all()
 
 
-class RayWorkers(producers.WorkerSet):
-    """The actors of an active runner, with the interface of the engine's ``LocalWorkers``."""
+class RayWorkers(Transport):
+    """The actors of an active runner: the engine's transport over Ray actor calls."""
 
     def __init__(
         self,
@@ -323,8 +293,8 @@ class RayWorkers(producers.WorkerSet):
         self.closed = False
         self.end_errors: list[dict[str, Any]] = []
         self.owner_pid = os.getpid()
-        self.in_q = _Sender(self)
-        self.out_q = _Results()
+        self.inbox = _Inbox()
+        self.receive = self.inbox.take  # type: ignore[method-assign]
         lifecycle.register(Stage.PRODUCERS, self)
 
     # ----- start -----
@@ -430,9 +400,9 @@ class RayWorkers(producers.WorkerSet):
                 self._working_on(i, q[0] if q else None)
             entry[0] = None
         if msg is not None:
-            self.out_q.push(msg)
+            self.inbox.push(msg)
         elif self.died is not None:
-            self.out_q.push((0, wire.pack_kind(wire.WAKE, 0), [b""]))
+            self.inbox.push((0, wire.pack_kind(wire.WAKE, 0), [b""]))
 
     def _actor_died(self, i: int, e: BaseException) -> None:
         with self.lock:
@@ -440,10 +410,10 @@ class RayWorkers(producers.WorkerSet):
             if self.died is not None:
                 return
             p = self.procs[i]
-            self.died = WorkerDiedError(
+            self.died = WorkerDiedError.of(
                 f"producer {i} (Ray actor {p.actor_id}, device {self.devices[i]!r}, node "
-                f"{p.node_ip} {p.node_id[:12]}, pid {p.pid}) died: {_cause(e)}. The runner "
-                "was closed; call activate() to restart it",
+                f"{p.node_ip} {p.node_id[:12]}, pid {p.pid}) died: {_cause(e)}",
+                RUNNER_CLOSED,
                 pid=p.pid,
                 device=self.devices[i],
                 exitcode=None,
@@ -452,7 +422,13 @@ class RayWorkers(producers.WorkerSet):
             self.died.node_id = p.node_id  # type: ignore[attr-defined]
             self.died.node_ip = p.node_ip  # type: ignore[attr-defined]
 
-    # ----- the WorkerSet interface (as LocalWorkers) -----
+    # ----- the rest of the Transport interface -----
+
+    def wake(self, call: int) -> None:
+        self.inbox.push((0, wire.pack_kind(wire.WAKE, call), [b""]))
+
+    def wait_seconds(self) -> tuple[float, float]:
+        return 0.0, self.inbox.wait_seconds
 
     def dead(self) -> WorkerDiedError | None:
         """The error for the first actor seen dead, if any."""
@@ -501,7 +477,7 @@ class RayWorkers(producers.WorkerSet):
                     continue
                 if err is not None:
                     self.end_errors.append(err)
-        self.out_q.close()
+        self.inbox.close()
         for h in self.handles:
             _kill(ray, h)
 
@@ -510,7 +486,7 @@ class RayWorkers(producers.WorkerSet):
         if not self.mine():
             return
         self.closed = True
-        self.out_q.close()
+        self.inbox.close()
         for h in self.handles:
             _kill(self.ray, h)
         lifecycle.discard(Stage.PRODUCERS, self)

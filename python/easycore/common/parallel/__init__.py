@@ -7,8 +7,8 @@ producers, device, seed).
 """
 
 from easycore._engine.producer import WorkerInfo, worker_info
+from easycore._engine.stats import RunnerStats
 from easycore.common.parallel.engine import BaseRunner, OrderedRunner, UnorderedRunner
-from easycore.common.parallel.stats import RunnerStats
 
 __all__ = [
     "BaseRunner",

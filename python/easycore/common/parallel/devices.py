@@ -50,6 +50,11 @@ def parse_devices(devices: int | Iterable[str]) -> list[str]:
     return out
 
 
+def cuda_index(device: str) -> int:
+    """The index of a ``"cuda"`` or ``"cuda:N"`` device (``"cuda"`` is device 0)."""
+    return int(device.split(":", 1)[1]) if ":" in device else 0
+
+
 def uses_gpu(devices: list[str]) -> bool:
     """Whether any device is an accelerator (which must not be used in a forked child)."""
     return any(d != "cpu" for d in devices)

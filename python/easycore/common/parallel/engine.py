@@ -26,7 +26,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from easycore._core import (
     Queue,
@@ -36,19 +36,20 @@ from easycore._core import (
 )
 from easycore._engine import lifecycle, plugins, wire
 from easycore._engine import producer as _producer
+from easycore._engine.flavour import PLAIN, Flavour
 from easycore._engine.lifecycle import TICK, Stage
+from easycore._engine.process_main import producer_main
 from easycore._engine.reports import not_picklable_error, worker_error
-from easycore.common.parallel.call import Call
+from easycore._engine.sigterm import install_handler
+from easycore._engine.stats import RunnerStats
+from easycore._engine.stream import Call
+from easycore._engine.transport import LocalWorkers, Transport
 from easycore.common.parallel.devices import (
     choose_start_method,
     parse_devices,
     start_method_reason,
 )
 from easycore.common.parallel.hooks import RunnerHooks
-from easycore.common.parallel.producers import LocalWorkers
-from easycore.common.parallel.sigterm import install_handler
-from easycore.common.parallel.stats import RunnerStats
-from easycore.common.parallel.worker import producer_main
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -111,9 +112,9 @@ def _remote_plan(backend: Any, devices: Any, start_method: str | None) -> Any:
     """The seam to producers that are not local processes: None for ``backend=None`` or
     ``"local"``, else the backend's plan for ``devices``. A plan has ``devices`` (one device
     string per producer), ``start_method`` (a ``(name, reason)`` pair) and ``start(runner)``,
-    which returns an object with the interface of :class:`LocalWorkers` (``in_q.put``,
-    ``out_q.get_many``/``put``, ``dead()``, ``shutdown()``…) on which :class:`Call` runs
-    unchanged. Only ``easycore.ray`` makes plans today; ``"ray"`` loads it on demand
+    which returns a :class:`~easycore._engine.transport.Transport` (``send``, ``receive``,
+    ``wake``, ``dead``, ``shutdown``…) on which the stream runs unchanged. Only
+    ``easycore.ray`` makes plans today; ``"ray"`` loads it on demand
     (``easycore._engine.plugins``)."""
     if backend is None or backend == "local":
         return None
@@ -174,10 +175,8 @@ class BaseRunner(RunnerHooks):
         turns each culprit into an error report for its own call: ``parallel/tasks.py``.)"""
         return None
 
-    @staticmethod
-    def _start_context(method: str) -> Any:
-        """The multiprocessing context for ``method`` (the torch flavour: torch's)."""
-        return multiprocessing.get_context(method)
+    #: codec, start context, device check and set-up (the torch runners: torch's)
+    _flavour: ClassVar[Flavour] = PLAIN
 
     def __init__(
         self,
@@ -193,7 +192,12 @@ class BaseRunner(RunnerHooks):
     ) -> None:
         self._owner_pid = os.getpid()
         self._remote = _remote_plan(backend, devices, start_method)
-        self._devices = parse_devices(devices) if self._remote is None else self._remote.devices
+        if self._remote is None:
+            self._devices = parse_devices(devices)
+            self._flavour.check_devices(self._devices)
+            start_method = self._flavour.default_start_method(start_method)
+        else:
+            self._devices = self._remote.devices
         self._cfg = _to_cfg(cfg)
         if not queue_scale > 0:
             raise InvalidArgument(f"queue_scale must be positive, got {queue_scale!r}")
@@ -219,7 +223,7 @@ class BaseRunner(RunnerHooks):
             raise InvalidArgument(f"seed must be an int or None, got {seed!r}")
         self._seed = _random_seed() if seed is None else int(seed)
         self._close_timeout = close_timeout
-        self._workers: LocalWorkers | None = None
+        self._workers: Transport | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._calls = itertools.count(1)
         self._cost_per_item = 0.0  # producer seconds per item, learned across calls
@@ -239,7 +243,7 @@ class BaseRunner(RunnerHooks):
     @classmethod
     def _codec(cls) -> wire.Codec:
         """How items and results are pickled (the torch flavour sends tensors out of band)."""
-        return wire.Codec()
+        return cls._flavour.codec()
 
     def _drop_unsendable(self, items: list[Any], first: int, error: Exception) -> list[Any]:
         """Called when a batch of input items cannot be pickled: returns the items to send
@@ -248,10 +252,9 @@ class BaseRunner(RunnerHooks):
         what = f"input item {first}..{first + len(items) - 1}"
         raise not_picklable_error(what, items, error) from error
 
-    @classmethod
-    def _producer_setup(cls, n_producers: int) -> Any:
+    def _producer_setup(self, n_producers: int) -> Any:
         """A picklable callable ``setup(device)`` run first in each producer, or None."""
-        return None
+        return self._flavour.producer_setup(n_producers, self._start_method)
 
     # ----- life cycle -----
 
@@ -259,8 +262,7 @@ class BaseRunner(RunnerHooks):
         """The input queue while active: ``easycore.shm.empty(..., runner=self)`` leases
         input arrays from its pool."""
         w = self._workers
-        q = getattr(w, "in_q", None) if w is not None and not w.closed else None
-        return q if isinstance(q, Queue) else None  # the Ray backend's input is no Queue
+        return w.input_queue() if w is not None and not w.closed else None
 
     @property
     def is_activate(self) -> bool:
@@ -356,8 +358,7 @@ class BaseRunner(RunnerHooks):
             if self._remote is not None:  # producers elsewhere: the same calls on its workers
                 workers = self._remote.start(self)
                 self._workers = workers
-                self._finalizer = weakref.finalize(self, workers.shutdown, self._close_timeout)
-                lifecycle.register(Stage.RUNNER, self)
+                self._finalizer = self._finalize_with(workers)
                 return
             self._check_spawnable()
             sweep_stale_segments()
@@ -379,14 +380,13 @@ class BaseRunner(RunnerHooks):
                 max_messages=max_msgs,
                 side_budget=out_bytes,
             )
-            ctx = self._start_context(self._start_method)
+            ctx = self._flavour.start_context(self._start_method)
             state = ctx.RawArray("q", _producer.state_size(n))
             for i in range(n):
                 state[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
             setup = self._producer_setup(n)
             procs: list[Any] = []
-            workers = LocalWorkers(procs, self._devices, in_q, out_q, state)
-            workers.out_budget = out_bytes
+            workers = LocalWorkers(procs, self._devices, in_q, out_q, state, out_bytes)
             try:
                 for i, dev in enumerate(self._devices):
                     opts = {
@@ -417,8 +417,17 @@ class BaseRunner(RunnerHooks):
             in_q.unlink()
             out_q.unlink()
             self._workers = workers
-            self._finalizer = weakref.finalize(self, workers.shutdown, self._close_timeout)
-            lifecycle.register(Stage.RUNNER, self)
+            self._finalizer = self._finalize_with(workers)
+
+    def _finalize_with(self, workers: Transport) -> weakref.finalize[Any, Any]:
+        """Registers the runner as live (stopped at exit, in order: ``lifecycle``) and
+        returns the finalizer that stops ``workers`` if the runner is dropped unclosed. The
+        finalizer does not run at exit: weakref's exit hook would run before lifecycle's and
+        close a pool's runner (waiting ``close_timeout`` for busy producers) under the pool."""
+        finalizer = weakref.finalize(self, workers.shutdown, self._close_timeout)
+        finalizer.atexit = False
+        lifecycle.register(Stage.RUNNER, self)
+        return finalizer
 
     def _await_ready(self, workers: LocalWorkers) -> None:
         codec = self._codec()
@@ -426,7 +435,7 @@ class BaseRunner(RunnerHooks):
         deadline = time.monotonic() + _START_TIMEOUT
         while ready < len(workers.procs):
             try:
-                msgs = workers.out_q.get_many(64, timeout=TICK)
+                msgs = workers.receive(64, timeout=TICK)
             except QueueEmpty:
                 died = workers.dead()
                 if died is not None:
@@ -451,17 +460,14 @@ class BaseRunner(RunnerHooks):
                 'the script has no `if __name__ == "__main__":` guard. Put the code that '
                 f"makes and calls runners under that guard. {self._spawn_hint()}"
             )
-        msg = str(died).replace(
-            "The runner was closed; call activate() to restart it",
-            "It died while starting (in producer_init or before).",
-        )
+        then = "It died while starting (in producer_init or before)."
         if self._start_method != "fork" and died.exitcode == 1:
-            msg += (
+            then += (
                 " Under spawn this is often the main script failing when the producer "
                 "re-imports it (see the producer's traceback above): keep work under "
                 f'`if __name__ == "__main__":`. {self._spawn_hint()}'
             )
-        return WorkerDiedError(msg, pid=died.pid, device=died.device, exitcode=died.exitcode)
+        return died.then(then)
 
     def close(self) -> None:
         """Shutdown all processes if this runner is alive (``producer_end`` runs in each).
@@ -515,7 +521,7 @@ class BaseRunner(RunnerHooks):
             rb = self._reorder = ReorderBuffer(window)
         return rb
 
-    def _active_workers(self) -> LocalWorkers:
+    def _active_workers(self) -> Transport:
         self._check_owner()
         w = self._workers
         if w is None or w.closed:
