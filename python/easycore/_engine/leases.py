@@ -68,11 +68,6 @@ def make_room(q: Queue, nbytes: int, depth: int) -> None:
         q.grow_pool(want)
 
 
-def target() -> Queue | None:
-    """The queue the allocators lease from, or None outside a producer."""
-    return _target
-
-
 def runner_queue(runner: Any) -> tuple[Queue | None, int]:
     """The input queue of ``runner`` (a runner or a :class:`~easycore.parallel.Pool`), whose
     pool the caller's input arrays are leased from (None when it is closed), and how many of

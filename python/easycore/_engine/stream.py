@@ -26,6 +26,7 @@ Data path of one call (``runner(data)``)::
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -884,14 +885,26 @@ class Call:
     def _record_stats(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        s = self.stats
+        self._fill_stats(self.stats)
+        self.runner.stats = self.stats
+
+    def _fill_stats(self, s: RunnerStats) -> None:
         s.items = self.delivered
         s.wall_s = time.perf_counter() - self.t0
         if not self.workers.closed:
             in_wait, out_wait = self.workers.wait_seconds()
-            s.dispatch_wait_s += in_wait - self.in_wait0
+            s.dispatch_wait_s = self.stats.dispatch_wait_s + in_wait - self.in_wait0
             s.consumer_wait_s = out_wait - self.out_wait0
-        self.runner.stats = s
+
+    def stats_now(self) -> RunnerStats:
+        """The figures of this call so far (a copy: a running stream's, e.g. the pool's)."""
+        s = dataclasses.replace(
+            self.stats,
+            producer_busy_s=dict(self.stats.producer_busy_s),
+            producer_wait_s=dict(self.stats.producer_wait_s),
+        )
+        self._fill_stats(s)
+        return s
 
     def _join_reader(self) -> None:
         """Waits (a tick at most) for the input thread to end: told to stop, it ends after

@@ -24,7 +24,7 @@ RESULT = 3  #: payload: (first_item_index, [results], worker_index, busy_s, wait
 ERROR = 4  #: payload: dict(hook=, device=, item=, message=, traceback=, kind=)
 READY = 5  #: no payload: producer_init returned
 BYE = 6  #: payload: the error dict of producer_end, or None
-END = 7  #: (unused since call-matched wake-ups; kept so the number is never reused)
+# 7: retired (an end-of-call marker); never reuse the number
 WAKE = 8  #: the caller's input reader -> its own receiving thread: new input is waiting
 
 

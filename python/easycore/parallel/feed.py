@@ -21,7 +21,8 @@ Only while its receiving thread waits on each item (fewer batches on their way t
 one may run dry, or the input is a feedback loop) does it read item by item and wake the
 receiver as each comes; if the receiver starts to wait during an extend, it cuts the run
 (:meth:`Feed.cut`), so the extend ends after the item being read. (``iter(feed)`` chains the
-runs, for other readers and the tests.) The feed registers each
+runs: the stream's input iterable, and what :meth:`Feed.recover` goes on with.) The feed
+registers each
 segment (where it starts in the stream of raw items) before the engine sees its first item,
 and :meth:`Feed.pack`, run by the engine's sender on each batch, turns a run of one
 segment's raw items into one work item (the engine counts the batch's raw items, so that
@@ -138,9 +139,10 @@ class Feed:
         self._next_health = 0.0
 
     def __iter__(self) -> Iterator[Any]:
-        """The stream item by item, counting each run's items (for the tests; the engine
-        reads runs, see :meth:`next_run`). After an input error, :meth:`recover` it with the
-        number of items the failing run gave."""
+        """The stream item by item, counting each run's items: the stream's input iterable
+        (the engine reads runs, see :meth:`next_run`), and the chain :meth:`recover` returns.
+        After an input error, :meth:`recover` it with the number of items the failing run
+        gave."""
         got = None
         while (run := self.next_run(_SEGMENT_MAX, got)) is not None:
             got = 0

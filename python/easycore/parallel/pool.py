@@ -51,6 +51,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from easycore._engine import lifecycle
 from easycore._engine.lifecycle import TICK, Stage
 from easycore._engine.reports import not_picklable_error, worker_error
+from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
 from easycore.errors import (
     EasycoreError,
@@ -263,6 +264,15 @@ class Pool:
     def seed(self) -> int:
         """int: the base seed; worker ``i`` uses ``seed + i``."""
         return self._runner.seed
+
+    @property
+    def stats(self) -> RunnerStats:
+        """:class:`~easycore.common.parallel.RunnerStats`: what the pool's stream moved and
+        where its time went, as a runner's ``stats`` say of its last call. The pool's calls
+        share one stream, so the figures are those of the stream so far (since the workers
+        last (re)started: a failure restarts them), all calls and futures together."""
+        call = self._call
+        return call.stats_now() if call is not None else self._runner.stats
 
     def __repr__(self) -> str:
         state = "terminated" if self._terminated else "closed" if self._closing else "open"
@@ -633,7 +643,9 @@ class Pool:
                 other iterable goes item by item (the engine still batches the messages);
                 a chunksize makes the pool wait to fill each chunk from such an iterable.
             timeout (float, optional): seconds the whole iteration may take before
-                ``TimeoutError`` (the pool stays usable).
+                ``TimeoutError`` (the pool stays usable). This is the meaning of
+                ``concurrent.futures`` and ``multiprocessing.Pool``: a deadline for the
+                call. (A runner's ``timeout=`` is the manual's: seconds without a result.)
             progress (bool): show a tqdm progress bar of the results handed out.
 
         Returns:
@@ -1000,11 +1012,15 @@ class PoolExecutor(Executor):
             *iterables: as for ``map()``.
             timeout (float, optional): seconds the whole iteration may take.
             chunksize (int): items per task (1: item by item; the engine still batches).
-            buffersize (int, optional): accepted for compatibility.
+            buffersize (int, optional): Python 3.14's ``Executor.map`` argument, accepted so
+                that code written for it runs: it bounds the input read ahead, which the pool
+                bounds already (by ``window``, and by bytes). Must be None or positive.
 
         Returns:
             Iterator: the results.
         """
+        if buffersize is not None and buffersize < 1:
+            raise ValueError("buffersize must be None or > 0")
         try:
             chunk = chunksize if chunksize > 1 else None
             return self.pool.istarmap(fn, zip(*iterables, strict=False), chunk, timeout=timeout)

@@ -598,7 +598,9 @@ class BaseRunner(RunnerHooks):
             timeout (float, optional): seconds to wait for the next result while items are
                 in flight; when it runs out, :class:`~easycore.errors.RunnerTimeoutError`
                 (a ``TimeoutError``) names the stuck item and producer, and the runner is
-                closed (``activate()`` restarts it).
+                closed (``activate()`` restarts it). A stall limit, not a deadline: a long
+                call that keeps delivering never times out. (The pool's ``timeout=`` is the
+                stdlib's: a deadline for the whole call.)
             read_ahead (bool): False reads an iterator input in the receiving thread, one
                 item at a time and only when no item is in flight: for request/response
                 loops (each input waits for the previous result), it saves the hand-off
