@@ -30,6 +30,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from easycore._core import ReorderBuffer
@@ -55,14 +56,32 @@ if TYPE_CHECKING:
     from easycore._engine.transport import Transport
 
 
+@dataclass(frozen=True)
+class StreamSettings:
+    """How a runner's streams run, fixed when the runner is made.
+
+    Attributes:
+        ordered: results are delivered in input order (through a reorder buffer).
+        window: the most items in flight (read and not yet delivered).
+        window_floor: the window while the producers' cost per item is not known to be
+            small (equal to ``window`` when the user set it).
+        devices: one device per producer.
+        codec: makes the codec that pickles items and results (the flavour's).
+    """
+
+    ordered: bool
+    window: int
+    window_floor: int
+    devices: tuple[str, ...]
+    codec: Callable[[], wire.Codec]
+
+
 class RunnerLike(Protocol):
     """What a call uses of its runner (:class:`~easycore.common.parallel.BaseRunner`): its
-    settings, the figures it learns across calls, and the one-call-at-a-time protocol."""
+    settings, its cfg, the figures it learns across calls, and the one-call-at-a-time
+    protocol."""
 
-    _ordered: bool
-    _window: int
-    _window_floor: int
-    _devices: list[str]
+    _settings: StreamSettings
     _cfg: Any
     _cost_per_item: float  # learned across calls: producer seconds per item
     _out_bytes_per_item: float  # learned across calls: result bytes per item
@@ -80,7 +99,6 @@ class RunnerLike(Protocol):
     @staticmethod
     def consumer_end(cfg: Any) -> Any: ...
 
-    def _codec(self) -> wire.Codec: ...
     def _active_workers(self) -> Transport: ...
     def _begin(self, call: Call, timeout: float | None) -> None: ...
     def _end(self, call: Call) -> None: ...
@@ -159,7 +177,8 @@ class Call:
             raise InvalidArgument(f"timeout must be positive or None, got {timeout!r}")
         self.runner = runner
         self.workers = runner._active_workers()
-        self.codec = runner._codec()
+        settings = runner._settings
+        self.codec = settings.codec()
         self.call = next(runner._calls)
         self.kind_work = wire.pack_kind(wire.WORK, self.call)
         self.is_imap = is_imap
@@ -205,9 +224,11 @@ class Call:
         self.send_error: BaseException | None = None
         self.send_lock = threading.Lock()
         self.in_full = False
-        self.window = runner._window  # the most items in flight (see _window_now)
-        self.window_floor = runner._window_floor
-        self.n = len(runner._devices)
+        self.window = settings.window  # the most items in flight (see _window_now)
+        self.window_floor = settings.window_floor
+        self.devices = settings.devices
+        self.ordered = settings.ordered
+        self.n = len(settings.devices)
         self.max_batch = max(1, self.window // (4 * self.n))
         self.reorder: ReorderBuffer | None = None  # an ordered runner's, taken in _start
         self.next_item = 0  # index of the next item to send
@@ -246,7 +267,7 @@ class Call:
     def _start(self) -> None:
         """Takes the runner (one call at a time) and starts the clocks and the reader."""
         self.runner._begin(self, self.timeout)
-        if self.runner._ordered:
+        if self.ordered:
             # Only once the call owns the runner: the buffer may be the last call's, reused
             # (two calls made at once from two threads must not share it).
             self.reorder = self.runner._reorder_buffer(self.window)
@@ -725,7 +746,7 @@ class Call:
         if stuck:
             since, i, item, count = min(stuck)
             proc = self.workers.procs[i]
-            dev = self.runner._devices[i]
+            dev = self.devices[i]
             which = f"item {item}" if count <= 1 else f"one of items {item}..{item + count - 1}"
             return RunnerTimeoutError(
                 f"no result within timeout={self.timeout} s: producer {i} (device {dev!r}, "

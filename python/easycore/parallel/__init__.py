@@ -14,8 +14,10 @@ For users of ``multiprocessing.Pool``, ``concurrent.futures``, mpire or machin (
 """
 
 from easycore._engine.producer import WorkerInfo, worker_info
+from easycore.parallel.executor import PoolExecutor
 from easycore.parallel.objqueue import Queue
-from easycore.parallel.pool import AsyncResult, Pool, PoolExecutor
+from easycore.parallel.pool import Pool
+from easycore.parallel.results import AsyncResult
 from easycore.parallel.tasks import context
 
 __all__ = [

@@ -45,7 +45,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sized
-from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
+from concurrent.futures import Future, InvalidStateError
 from typing import Any, ParamSpec, TypeVar, cast
 
 from easycore._engine import lifecycle
@@ -63,6 +63,7 @@ from easycore.errors import (
 from easycore.parallel.feed import _ONE, _STAR, Feed, _WorkItem, _WorkResult
 from easycore.parallel.functions import portable
 from easycore.parallel.job import _Job
+from easycore.parallel.results import AsyncResult, _async_result
 from easycore.parallel.tasks import _TaskHooks, _TaskRunner
 
 _T = TypeVar("_T")
@@ -87,61 +88,6 @@ def _for_pool(e: BaseException) -> BaseException:
             "Every pending call and future of the pool failed; its next call restarts the workers"
         )
     return e
-
-
-def _async_result(
-    fut: Future[_T],
-    callback: Callable[[Any], Any] | None,
-    error_callback: Callable[[BaseException], Any] | None,
-) -> AsyncResult:
-    """``fut`` as an :class:`AsyncResult`, calling ``callback`` or ``error_callback`` once
-    it is done."""
-    if callback is not None or error_callback is not None:
-
-        def done(f: Future[_T]) -> None:
-            if f.cancelled():
-                return
-            exc = f.exception()
-            if exc is None:
-                if callback is not None:
-                    callback(f.result())
-            elif error_callback is not None:
-                error_callback(exc)
-
-        fut.add_done_callback(done)
-    return AsyncResult(fut)
-
-
-class AsyncResult:
-    """What :meth:`Pool.apply_async` returns, as in ``multiprocessing.pool.AsyncResult``.
-
-    Args:
-        future (concurrent.futures.Future): the future of the task.
-    """
-
-    def __init__(self, future: Future[Any]) -> None:
-        self.future = future
-
-    def get(self, timeout: float | None = None) -> Any:
-        """The task's result (or its exception, raised); ``TimeoutError`` after ``timeout``."""
-        return self.future.result(timeout)
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Waits until the task is done, or ``timeout`` seconds."""
-        try:
-            self.future.exception(timeout)
-        except (TimeoutError, CancelledError):
-            pass
-
-    def ready(self) -> bool:
-        """Whether the task is done."""
-        return self.future.done()
-
-    def successful(self) -> bool:
-        """Whether the task completed without raising (ValueError if not done yet)."""
-        if not self.future.done():
-            raise ValueError("the task is not done yet")
-        return not self.future.cancelled() and self.future.exception() is None
 
 
 class Pool:
@@ -959,88 +905,3 @@ class Pool:
             self.join()
         else:
             self.terminate()
-
-
-class PoolExecutor(Executor):
-    """A ``concurrent.futures.Executor`` on a :class:`Pool`; drop-in for
-    ``ProcessPoolExecutor``.
-
-    Args:
-        max_workers (int or Iterable[str], optional): as ``Pool``'s ``processes`` (a number of
-            CPU workers, or a list of devices).
-        initializer (Callable, optional): as for :class:`Pool`.
-        initargs (tuple): as for :class:`Pool`.
-        **kwargs: the other keyword arguments of :class:`Pool`.
-    """
-
-    _pool_cls: type[Pool] = Pool
-
-    def __init__(
-        self,
-        max_workers: int | Iterable[str] | None = None,
-        initializer: Callable[..., Any] | None = None,
-        initargs: Iterable[Any] = (),
-        **kwargs: Any,
-    ) -> None:
-        self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
-
-    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
-        """Schedules ``fn(*args, **kwargs)`` (see :meth:`Pool.submit`).
-
-        Returns:
-            concurrent.futures.Future: the task's result or exception.
-        """
-        try:
-            return self.pool.submit(fn, *args, **kwargs)
-        except RunnerClosedError as e:
-            raise RuntimeError("cannot schedule new futures after shutdown") from e
-
-    def map(
-        self,
-        fn: Callable[..., _T],
-        *iterables: Iterable[Any],
-        timeout: float | None = None,
-        chunksize: int = 1,
-        buffersize: int | None = None,
-    ) -> Iterator[_T]:
-        """``Executor.map``: lazily yields ``fn(*args)`` for the zipped ``iterables``, in order.
-
-        Unlike ``ProcessPoolExecutor.map``, the input is read lazily (bounded in flight).
-
-        Args:
-            fn (Callable): any function, lambda or closure.
-            *iterables: as for ``map()``.
-            timeout (float, optional): seconds the whole iteration may take.
-            chunksize (int): items per task (1: item by item; the engine still batches).
-            buffersize (int, optional): Python 3.14's ``Executor.map`` argument, accepted so
-                that code written for it runs: it bounds the input read ahead, which the pool
-                bounds already (by ``window``, and by bytes). Must be None or positive.
-
-        Returns:
-            Iterator: the results.
-        """
-        if buffersize is not None and buffersize < 1:
-            raise ValueError("buffersize must be None or > 0")
-        try:
-            chunk = chunksize if chunksize > 1 else None
-            return self.pool.istarmap(fn, zip(*iterables, strict=False), chunk, timeout=timeout)
-        except RunnerClosedError as e:
-            raise RuntimeError("cannot schedule new futures after shutdown") from e
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Accepts no new work; with ``wait``, waits for pending work and the workers.
-
-        Args:
-            wait (bool): wait for pending futures and the workers to finish.
-            cancel_futures (bool): cancel the futures no worker has started.
-        """
-        pool = self.pool
-        if cancel_futures:
-            with pool._cv:
-                queued = list(pool._tasks)
-                pool._tasks.clear()
-            for fut, _tid, _blob in queued:
-                fut.cancel()
-        pool.close()
-        if wait:
-            pool.join()

@@ -42,7 +42,7 @@ from easycore._engine.process_main import producer_main
 from easycore._engine.reports import not_picklable_error, worker_error
 from easycore._engine.sigterm import install_handler
 from easycore._engine.stats import RunnerStats
-from easycore._engine.stream import Call
+from easycore._engine.stream import Call, StreamSettings
 from easycore._engine.transport import LocalWorkers, Transport
 from easycore.common.parallel.devices import (
     choose_start_method,
@@ -219,6 +219,13 @@ class BaseRunner(RunnerHooks):
         self._window_floor = self._window if window else floor
         if self._window < 1:
             raise InvalidArgument(f"window must be at least 1, got {window!r}")
+        self._settings = StreamSettings(
+            ordered=self._ordered,
+            window=self._window,
+            window_floor=self._window_floor,
+            devices=tuple(self._devices),
+            codec=self._codec,
+        )
         if seed is not None and not isinstance(seed, int):
             raise InvalidArgument(f"seed must be an int or None, got {seed!r}")
         self._seed = _random_seed() if seed is None else int(seed)

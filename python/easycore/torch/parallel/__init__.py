@@ -28,6 +28,7 @@ from easycore._engine.producer import WorkerInfo, worker_info
 from easycore.common.parallel import engine
 from easycore.common.parallel.devices import cuda_index
 from easycore.errors import InvalidArgument
+from easycore.parallel import executor as _executor
 from easycore.parallel import pool as _pool
 from easycore.parallel import tasks as _tasks
 from easycore.torch.parallel.codec import TorchCodec
@@ -118,8 +119,8 @@ class Pool(_pool.Pool):
     _runner_cls = _TorchTaskRunner
 
 
-class PoolExecutor(_pool.PoolExecutor):
-    __doc__ = _pool.PoolExecutor.__doc__
+class PoolExecutor(_executor.PoolExecutor):
+    __doc__ = _executor.PoolExecutor.__doc__
     _pool_cls = Pool
 
 
