@@ -34,6 +34,7 @@ from easycore._engine import producer as _producer
 from easycore._engine.lifecycle import INTERRUPT_GRACE_S, TICK, Stage
 from easycore._engine.reports import error_report, worker_error
 from easycore._engine.transport import Transport
+from easycore.common.parallel.devices import device_entries
 from easycore.errors import (
     RUNNER_CLOSED,
     EasycoreError,
@@ -111,22 +112,7 @@ class RayBackend:
         Raises:
             InvalidArgument: for a count below 1, an empty list or an unknown device.
         """
-        if isinstance(devices, bool):
-            raise InvalidArgument(f"devices must be an int or an iterable, got {devices!r}")
-        if isinstance(devices, int):
-            if devices < 1:
-                raise InvalidArgument(f"devices must be at least 1, got {devices}")
-            devices = ["cpu"] * devices
-        elif isinstance(devices, str | dict):
-            devices = [devices]
-        try:
-            entries = list(devices)
-        except TypeError:
-            raise InvalidArgument(
-                f"devices must be an int or an iterable, got {type(devices).__name__}"
-            ) from None
-        if not entries:
-            raise InvalidArgument("devices is empty: give at least one device, e.g. ['cpu']")
+        entries = device_entries(devices, "an int or an iterable", single=(str, dict))
         names: list[str] = []
         hook_devices: list[str] = []
         options: list[dict[str, Any]] = []
