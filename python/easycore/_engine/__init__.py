@@ -8,8 +8,8 @@ Its interfaces, each written down in its module:
   (never blocking: ``QueueFull`` when the producers have enough), ``receive`` results and
   error reports, ``wake`` the receiver, ``dead``/``exited`` (a producer's death, described),
   ``shutdown`` (``producer_end``, then terminate, then kill). Two implementations: local
-  processes on two shared-memory queues (``LocalWorkers``) and Ray actors
-  (``easycore.ray._backend.RayWorkers``).
+  processes on two shared-memory queues (``LocalWorkers``, started by ``local.py``) and Ray
+  actors (``easycore.ray._backend.RayWorkers``).
 * **ProducerCore** (``producer.py``): what a producer does wherever it runs. ``begin``
   (worker info, seeds), ``init`` (device set-up, ``producer_init``), ``run`` (one batch of
   ``producer_work``: a result message or an error report), ``end`` (``producer_end``).

@@ -18,10 +18,7 @@ A dead producer, Ctrl-C, a call's timeout or SIGTERM close the runner: producers
 from __future__ import annotations
 
 import itertools
-import multiprocessing
 import os
-import pickle
-import sys
 import threading
 import time
 import weakref
@@ -31,19 +28,16 @@ from typing import Any, ClassVar
 from easycore._core import (
     Queue,
     ReorderBuffer,
-    shm_space,
-    sweep_stale_segments,
 )
 from easycore._engine import lifecycle, plugins, wire
-from easycore._engine import producer as _producer
 from easycore._engine.flavour import PLAIN, Flavour
-from easycore._engine.lifecycle import TICK, Stage
-from easycore._engine.process_main import producer_main
+from easycore._engine.lifecycle import Stage
+from easycore._engine.local import LocalStart, start_local
 from easycore._engine.reports import not_picklable_error, worker_error
 from easycore._engine.sigterm import install_handler
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call, StreamSettings
-from easycore._engine.transport import LocalWorkers, Transport
+from easycore._engine.transport import Transport
 from easycore.common.parallel.devices import (
     choose_start_method,
     parse_devices,
@@ -51,23 +45,15 @@ from easycore.common.parallel.devices import (
 )
 from easycore.common.parallel.hooks import RunnerHooks
 from easycore.errors import (
-    EasycoreError,
     InvalidArgument,
-    QueueEmpty,
     RunnerBusyError,
     RunnerClosedError,
     RunnerTimeoutError,
-    StartMethodError,
-    WorkerDiedError,
 )
 
-_START_TIMEOUT = 600.0  # a producer_init taking longer than this is reported as stuck
-_RING_IN = 4 << 20  # ring bytes of the input queue (larger items use side segments)
-_RING_OUT = 8 << 20  # ring bytes of the output queue
 # Most items in flight by default once items are known to be cheap (the pool's default
 # window too): batches of tiny items of up to 65536 / (4 * producers) items.
 _CHEAP_ITEMS_WINDOW = 65536
-_UNGUARDED_MAIN_EXIT = 87  # exit code of a spawned child that re-ran an unguarded script
 
 
 def _to_cfg(cfg: Any) -> Any:
@@ -85,27 +71,6 @@ def _to_cfg(cfg: Any) -> Any:
 
 def _random_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
-
-
-def _spawned_child_bootstrapping() -> bool:
-    """Whether this process is a spawn/forkserver child still importing the main script
-    (so the script runs its runner-making code again: no ``__main__`` guard)."""
-    proc = multiprocessing.process.current_process()
-    return bool(getattr(proc, "_inheriting", False))
-
-
-def _unpicklable_cfg_key(cfg: Any) -> str:
-    """Names the first key of cfg whose value cannot be pickled."""
-    for k, v in cfg.items():
-        try:
-            pickle.dumps(v)
-        except Exception as e:  # noqa: BLE001 - describing the failure
-            if isinstance(v, dict):
-                inner = _unpicklable_cfg_key(v)
-                if inner:
-                    return f"{k}.{inner}"
-            return f"{k} (an object of type {type(v).__qualname__}: {e})"
-    return ""
 
 
 def _remote_plan(backend: Any, devices: Any, start_method: str | None) -> Any:
@@ -291,19 +256,6 @@ class BaseRunner(RunnerHooks):
         """int: the base seed; producer ``i`` uses ``seed + i``."""
         return self._seed
 
-    def _queue_sizes(self) -> tuple[int, int]:
-        scale = len(self._devices) * self._queue_scale
-        want_in = int(min(256 << 20, max(4 << 20, (4 << 20) * scale)))
-        want_out = int(min(1 << 30, max(8 << 20, (16 << 20) * scale)))
-        space = shm_space()
-        if space is not None:
-            # Rings and their pools (twice a ring) take at most 3/4 of what is free; the rest
-            # is left to one-shot segments and to other programs.
-            free = space[0]
-            want_in = max(1 << 20, min(want_in, free // 16))
-            want_out = max(1 << 20, min(want_out, free // 6))
-        return want_in, want_out
-
     def _check_owner(self) -> None:
         if os.getpid() != self._owner_pid:
             raise RunnerBusyError(
@@ -311,50 +263,6 @@ class BaseRunner(RunnerHooks):
                 f"it; process {os.getpid()} (a forked child) cannot use it. Make a new runner "
                 "in this process; the parent's runner is unaffected"
             )
-
-    def _spawn_hint(self) -> str:
-        return (
-            f"The start method is {self._start_method!r} ({self._start_reason}); "
-            "start_method='fork' avoids pickling and re-importing, on Linux with CPU devices"
-        )
-
-    def _check_spawnable(self) -> None:
-        """Under spawn/forkserver, fails early and clearly where starting would fail."""
-        if _spawned_child_bootstrapping():
-            msg = (
-                f"easycore: a {type(self).__name__} was created while a {self._start_method} "
-                "child process was importing the main script: the script makes runners at "
-                'import time. Put that code under `if __name__ == "__main__":`. '
-                f"{self._spawn_hint()}\n"
-            )
-            sys.stderr.write(msg)
-            sys.stderr.flush()
-            os._exit(_UNGUARDED_MAIN_EXIT)
-        if self._start_method == "fork":
-            return
-        cls = type(self)
-        try:
-            pickle.dumps(cls)
-        except Exception as e:  # noqa: BLE001 - explained below
-            where = (
-                "is defined inside a function"
-                if "<locals>" in cls.__qualname__
-                else "cannot be imported by name"
-            )
-            raise StartMethodError(
-                f"the runner class {cls.__module__}.{cls.__qualname__} {where}, so producer "
-                "processes cannot import it: define it at module level (in the main script "
-                f"or a module). {self._spawn_hint()}. ({type(e).__name__}: {e})"
-            ) from None
-        try:
-            pickle.dumps(self._cfg)
-        except Exception as e:  # noqa: BLE001 - explained below
-            key = _unpicklable_cfg_key(self._cfg) or "?"
-            raise StartMethodError(
-                f"cfg cannot be sent to the producer processes: cfg.{key} cannot be pickled. "
-                "Keep only picklable values in cfg (build objects such as models or open "
-                f"files in producer_init). {self._spawn_hint()}. ({type(e).__name__}: {e})"
-            ) from None
 
     def activate(self) -> None:
         """Restart all processes if this runner is closed (a no-op while active)."""
@@ -367,62 +275,20 @@ class BaseRunner(RunnerHooks):
                 self._workers = workers
                 self._finalizer = self._finalize_with(workers)
                 return
-            self._check_spawnable()
-            sweep_stale_segments()
-            in_bytes, out_bytes = self._queue_sizes()
-            n = len(self._devices)
-            max_msgs = max(64, self._window + 4 * n)
-            # Large items and results travel zero-copy in pooled segments (at most twice the
-            # ring's bytes by default): /dev/shm use stays within 3 * (in_bytes + out_bytes).
-            # The rings only hold small messages (larger ones go to side segments within the
-            # side budget), and their space is committed and touched at creation: small
-            # rings start in a few ms where rings of the full budget took ~70 ms.
-            in_q = Queue(
-                capacity_bytes=min(in_bytes, _RING_IN),
-                max_messages=max_msgs,
-                side_budget=in_bytes,
+            workers = start_local(
+                LocalStart(
+                    hooks=type(self),
+                    devices=tuple(self._devices),
+                    cfg=self._cfg,
+                    seed=self._seed,
+                    start_method=self._start_method,
+                    start_reason=self._start_reason,
+                    window=self._window,
+                    queue_scale=self._queue_scale,
+                    flavour=self._flavour,
+                    setup=self._producer_setup(len(self._devices)),
+                )
             )
-            out_q = Queue(
-                capacity_bytes=min(out_bytes, _RING_OUT),
-                max_messages=max_msgs,
-                side_budget=out_bytes,
-            )
-            ctx = self._flavour.start_context(self._start_method)
-            state = ctx.RawArray("q", _producer.state_size(n))
-            for i in range(n):
-                state[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
-            setup = self._producer_setup(n)
-            procs: list[Any] = []
-            workers = LocalWorkers(procs, self._devices, in_q, out_q, state, out_bytes)
-            try:
-                for i, dev in enumerate(self._devices):
-                    opts = {
-                        "n": n,
-                        "seed": self._seed,
-                        "start_method": self._start_method,
-                        "state": state,
-                    }
-                    p = ctx.Process(
-                        target=producer_main,
-                        args=(type(self), i, dev, self._cfg, in_q, out_q, os.getpid(), setup, opts),
-                        name=f"easycore-producer-{i}-{dev}",
-                        daemon=False,
-                    )
-                    try:
-                        p.start()
-                    except (pickle.PicklingError, AttributeError, TypeError) as e:
-                        raise StartMethodError(
-                            f"producer {i} could not be started: its arguments cannot be "
-                            f"pickled ({type(e).__name__}: {e}). {self._spawn_hint()}"
-                        ) from e
-                    procs.append(p)
-                self._await_ready(workers)
-            except BaseException:
-                workers.shutdown(timeout=2.0, interrupt=True)
-                raise
-            # Every producer has attached: the names can go, so nothing leaks even on SIGKILL.
-            in_q.unlink()
-            out_q.unlink()
             self._workers = workers
             self._finalizer = self._finalize_with(workers)
 
@@ -435,46 +301,6 @@ class BaseRunner(RunnerHooks):
         finalizer.atexit = False
         lifecycle.register(Stage.RUNNER, self)
         return finalizer
-
-    def _await_ready(self, workers: LocalWorkers) -> None:
-        codec = self._codec()
-        ready = 0
-        deadline = time.monotonic() + _START_TIMEOUT
-        while ready < len(workers.procs):
-            try:
-                msgs = workers.receive(64, timeout=TICK)
-            except QueueEmpty:
-                died = workers.dead()
-                if died is not None:
-                    raise self._start_death(died) from None
-                if time.monotonic() > deadline:
-                    raise EasycoreError(
-                        f"producers did not finish producer_init within {_START_TIMEOUT:.0f} s"
-                    ) from None
-                continue
-            for _seq, kind, parts in msgs:
-                t, _ = wire.unpack_kind(kind)
-                if t == wire.READY:
-                    ready += 1
-                elif t == wire.ERROR:
-                    raise worker_error(codec.loads(parts))
-
-    def _start_death(self, died: WorkerDiedError) -> EasycoreError:
-        """The error for a producer that died before it was ready."""
-        if self._start_method != "fork" and died.exitcode == _UNGUARDED_MAIN_EXIT:
-            return StartMethodError(
-                f"producer processes re-ran the main script and it made a runner again: "
-                'the script has no `if __name__ == "__main__":` guard. Put the code that '
-                f"makes and calls runners under that guard. {self._spawn_hint()}"
-            )
-        then = "It died while starting (in producer_init or before)."
-        if self._start_method != "fork" and died.exitcode == 1:
-            then += (
-                " Under spawn this is often the main script failing when the producer "
-                "re-imports it (see the producer's traceback above): keep work under "
-                f'`if __name__ == "__main__":`. {self._spawn_hint()}'
-            )
-        return died.then(then)
 
     def close(self) -> None:
         """Shutdown all processes if this runner is alive (``producer_end`` runs in each).
