@@ -108,7 +108,7 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
 
 
 def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_WorkResult | None]:
-    """The results of a batch did not pickle (see the worker's ``_dumps_fixed``): each chunk
+    """The results of a batch did not pickle (see ``ProducerCore._dumps_fixed``): each chunk
     whose results do not pickle becomes an error report, so only its own call fails, not
     every call and future sharing the stream."""
     dumps = _CODEC[0].dumps

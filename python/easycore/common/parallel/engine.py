@@ -2,14 +2,17 @@
 process per device (``activate``), runs one call at a time (``runner(data)``, ``imap``) and
 closes its producers (``close``, at exit, on a producer's death, Ctrl-C, a call's timeout).
 
-Where the rest lives (this package):
+Where the rest lives (the private engine, ``easycore._engine``, whose ``__init__``
+documents its interfaces):
 
-* ``call.py``: one call's data path (reader, sender, receiver, consumer thread, window,
-  batching, stats);
-* ``producers.py``: the producers as a call sees them, and how they are stopped;
-* ``worker.py``: the producer process's loop; ``wire.py``: message kinds and the codec;
-* ``remote_errors.py``: producers' error reports and consumer hooks' errors as exceptions;
-* ``sigterm.py``: SIGTERM to the caller; ``stats.py``: :class:`RunnerStats`.
+* ``stream.py``: one call's data path (reader, sender, receiver, consumer thread, window,
+  batching, stats), configured by :class:`~easycore._engine.stream.StreamSettings`;
+* ``local.py``: starting local producers; ``transport.py``: the producers as a call sees
+  them, and how they are stopped;
+* ``process_main.py``: the producer process around ``producer.py``'s producer core;
+* ``wire.py``: message kinds and the codec; ``reports.py``: error reports and the
+  exceptions raised for them; ``flavour.py``: what the torch runners change;
+* ``lifecycle.py``: what is stopped at exit; ``sigterm.py``: SIGTERM to the caller.
 
 A dead producer, Ctrl-C, a call's timeout or SIGTERM close the runner: producers busy in
 ``producer_work`` are interrupted (SIGUSR1), then stopped; ``activate()`` restarts them.
