@@ -102,7 +102,7 @@ class ShmLarge(ShmResults):
 
         a = shm.empty(12 << 20, dtype=np.uint8)
         a[...] = i % 251
-        return i, shm.is_shared(a), leases.target().pool_bytes()[1], a
+        return i, shm.is_shared(a), leases._target.pool_bytes()[1], a
 
     @staticmethod
     def consumer_work(cfg, data):

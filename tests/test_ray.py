@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -312,6 +313,26 @@ def test_pool_on_ray():
         assert pool.map(str, [1, 2]) == ["1", "2"]
     with Pool(backend="ray") as pool:
         assert len(pool.devices) == 2  # one worker per CPU of the cluster
+
+
+def test_pool_on_ray_unpicklable_map_result_fails_its_own_call_only():
+    # As with local workers (docs/pool.md): one unpicklable map result fails that map only;
+    # a future waiting meanwhile, and the calls after it, go on.
+    from easycore.errors import SerializationError
+
+    def slow(x):
+        import time as t
+
+        t.sleep(0.5)
+        return x
+
+    with Pool(2, backend="ray") as pool:
+        fut = pool.submit(slow, 7)
+        with pytest.raises(SerializationError, match="not picklable") as ei:
+            pool.map(lambda x: threading.Lock() if x == 5 else x, range(10))
+        assert "_thread.lock" in str(ei.value)
+        assert fut.result(timeout=60) == 7
+        assert pool.map(abs, range(-3, 3)) == [3, 2, 1, 0, 1, 2]
 
 
 class Local(OrderedRunner):

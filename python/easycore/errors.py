@@ -223,13 +223,43 @@ class WorkerDiedError(EasycoreError):
         pid (int): the process id.
         device (str): the producer's device.
         exitcode (int | None): its exit code; negative ``-N`` means killed by signal ``N``.
+        death (str): what happened, without what it did to the runner or pool (the message
+            is ``death`` followed by that).
     """
 
-    def __init__(self, message: str, pid: int = 0, device: str = "", exitcode: int | None = None):
+    def __init__(
+        self,
+        message: str,
+        pid: int = 0,
+        device: str = "",
+        exitcode: int | None = None,
+        *,
+        death: str = "",
+    ):
         super().__init__(message)
         self.pid = pid
         self.device = device
         self.exitcode = exitcode
+        self.death = death or message
+
+    @classmethod
+    def of(
+        cls, death: str, then: str, pid: int = 0, device: str = "", exitcode: int | None = None
+    ) -> WorkerDiedError:
+        """The error for ``death`` (``"producer 0 (…) died: …"``), followed by ``then``, what
+        it did (``"The runner was closed; …"``)."""
+        return cls(f"{death}. {then}", pid, device, exitcode, death=death)
+
+    def then(self, then: str) -> WorkerDiedError:
+        """The same death followed by another consequence: the pool's, or at start-up."""
+        new = WorkerDiedError.of(self.death, then, self.pid, self.device, self.exitcode)
+        new.__dict__.update({k: v for k, v in vars(self).items() if k not in vars(new)})
+        new.__cause__ = self.__cause__
+        return new
+
+
+#: what a producer's death does to its runner (the end of a WorkerDiedError's message)
+RUNNER_CLOSED = "The runner was closed; call activate() to restart it"
 
 
 class SerializationError(EasycoreError, TypeError):

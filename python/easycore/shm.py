@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from easycore._engine import leases
 from easycore._frozen import SharedDict, SharedList, freeze
-from easycore.common.parallel import leases
 
 __all__ = [
     "SharedDict",

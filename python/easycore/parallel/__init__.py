@@ -13,9 +13,11 @@ For users of ``multiprocessing.Pool``, ``concurrent.futures``, mpire or machin (
 (Rust shared-memory queues, adaptive batching, devices, seeds, typed remote errors).
 """
 
-from easycore.common.parallel.worker import WorkerInfo, worker_info
+from easycore._engine.producer import WorkerInfo, worker_info
+from easycore.parallel.executor import PoolExecutor
 from easycore.parallel.objqueue import Queue
-from easycore.parallel.pool import AsyncResult, Pool, PoolExecutor
+from easycore.parallel.pool import Pool
+from easycore.parallel.results import AsyncResult
 from easycore.parallel.tasks import context
 
 __all__ = [

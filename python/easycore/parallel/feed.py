@@ -11,7 +11,7 @@ to fill a chunk. The engine's input thread does read item by item and its sender
 whatever has arrived. But a Python ``__next__`` per item, wrapping each item in its own work
 item, costs about a microsecond, more than the rest of the pool's path. So an iterator job is
 read in *segments*: a segment is a C-level iterator over the job's own items, cut by
-emptying its gate (``easycore.common.parallel.runs.gated``, which runners use too)::
+emptying its gate (``easycore._engine.runs.gated``, which runners use too)::
 
     map(itemgetter(1), zip(gate, job.it))
 
@@ -21,7 +21,8 @@ Only while its receiving thread waits on each item (fewer batches on their way t
 one may run dry, or the input is a feedback loop) does it read item by item and wake the
 receiver as each comes; if the receiver starts to wait during an extend, it cuts the run
 (:meth:`Feed.cut`), so the extend ends after the item being read. (``iter(feed)`` chains the
-runs, for other readers and the tests.) The feed registers each
+runs: the stream's input iterable, and what :meth:`Feed.recover` goes on with.) The feed
+registers each
 segment (where it starts in the stream of raw items) before the engine sees its first item,
 and :meth:`Feed.pack`, run by the engine's sender on each batch, turns a run of one
 segment's raw items into one work item (the engine counts the batch's raw items, so that
@@ -51,13 +52,16 @@ import itertools
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, TypeAlias
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from easycore.common.parallel.runs import gated
+from easycore._engine.lifecycle import TICK
+from easycore._engine.runs import gated
 
 if TYPE_CHECKING:
+    import threading
+    from concurrent.futures import Future
+
     from easycore.parallel.job import _Job
-    from easycore.parallel.pool import Pool
 
 _WorkItem: TypeAlias = tuple[int, int, Any, Any, int]
 """``(job, index, function, argument, mode)``: job 0 is a submitted task (index: its id)."""
@@ -65,7 +69,6 @@ _WorkResult: TypeAlias = tuple[int, int, bool, Any]
 """``(job, index, ok, value)``, what a producer returns for a work item."""
 
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of a work item
-_TICK = 0.1  # seconds between checks while the feed waits for work
 _HEALTH_EVERY_S = 0.005  # at most this often, the feed asks whether a worker died
 # Most items in one segment: its gate list is allocated whole, and a segment that a submit
 # cuts early would waste the rest (a few µs of bookkeeping per segment is nothing at this size).
@@ -87,12 +90,40 @@ class _Segment:
         self.cut = False
 
 
+class Scheduler(Protocol):
+    """What the feed reads and writes of its pool (:class:`~easycore.parallel.Pool`): the
+    work waiting, under ``_cv``, and three questions."""
+
+    _cv: threading.Condition  # guards everything below
+    _tasks: deque[tuple[Future[Any], int, bytes]]  # submitted, not sent: (future, id, pickle)
+    _running: dict[int, Future[Any]]  # sent tasks by id
+    _task_window: int  # most tasks sent ahead
+    _jobs: dict[int, _Job]  # open map/imap calls by id
+    _turn: int  # the next job to take items from, round robin
+    _closing: bool
+    _generation: int  # the stream's number: a feed of an older one takes nothing
+    _cuts: int  # times the feed was asked to end the segment it reads
+    _feed_waiting: bool  # the feed waits for work
+
+    def _worker_died(self) -> bool:
+        """Whether a worker has died (the feed then takes no more work)."""
+
+    def _stream_drained(self) -> bool:
+        """Whether nothing is on its way in the stream (a guess)."""
+
+    def _auto_chunk(self, job: _Job) -> int:
+        """The chunk size of a job without one."""
+
+    def _wake_feed(self) -> None:
+        """Wakes a feed waiting for work."""
+
+
 class Feed:
     """The input of one stream of a :class:`~easycore.parallel.Pool` (one generation):
     iterated by the engine's input thread, :meth:`pack` called by its sender. Ends when the
     stream is replaced or the pool closes."""
 
-    def __init__(self, pool: Pool, generation: int) -> None:
+    def __init__(self, pool: Scheduler, generation: int) -> None:
         self.pool = pool
         self.generation = generation
         # Registered segments not yet packed, oldest first: the input thread appends, the
@@ -108,9 +139,10 @@ class Feed:
         self._next_health = 0.0
 
     def __iter__(self) -> Iterator[Any]:
-        """The stream item by item, counting each run's items (for the tests; the engine
-        reads runs, see :meth:`next_run`). After an input error, :meth:`recover` it with the
-        number of items the failing run gave."""
+        """The stream item by item, counting each run's items: the stream's input iterable
+        (the engine reads runs, see :meth:`next_run`), and the chain :meth:`recover` returns.
+        After an input error, :meth:`recover` it with the number of items the failing run
+        gave."""
         got = None
         while (run := self.next_run(_SEGMENT_MAX, got)) is not None:
             got = 0
@@ -229,7 +261,7 @@ class Feed:
                 if pool._closing and not jobs and not pool._tasks:
                     raise StopIteration  # closed, and every call and task was sent
                 pool._feed_waiting = True
-                pool._cv.wait(_TICK)
+                pool._cv.wait(TICK)
                 pool._feed_waiting = False
 
     def _stop_if_a_worker_died(self) -> None:

@@ -8,7 +8,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from typing import Any, cast
 
-from easycore.common.parallel.remote_errors import worker_error
+from easycore._engine.reports import worker_error
 
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 

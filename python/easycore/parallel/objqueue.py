@@ -14,7 +14,7 @@ from typing import Any
 
 from easycore._core import Queue as _CoreQueue
 from easycore._core import sweep_stale_segments
-from easycore.common.parallel import wire
+from easycore._engine import plugins, wire
 from easycore.errors import InvalidArgument, QueueClosed, QueueEmpty, QueueFull
 
 _KIND = 1
@@ -82,9 +82,7 @@ class Queue:
 
     def _make_codec(self) -> wire.Codec:
         if self._torch:
-            from easycore.torch.parallel.codec import TorchCodec
-
-            return TorchCodec()
+            return plugins.load("codec:torch")  # type: ignore[no-any-return]
         return wire.Codec()
 
     def __getstate__(self) -> dict[str, Any]:

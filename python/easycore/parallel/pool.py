@@ -37,7 +37,6 @@ How work travels::
 
 from __future__ import annotations
 
-import atexit
 import collections
 import itertools
 import os
@@ -46,122 +45,34 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sized
-from concurrent.futures import CancelledError, Executor, Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar, cast
 
-from easycore.common.parallel import wire
-from easycore.common.parallel.call import Call
-from easycore.common.parallel.remote_errors import worker_error
+from easycore._engine import lifecycle
+from easycore._engine.lifecycle import TICK, Stage
+from easycore._engine.stats import RunnerStats
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
     RunnerClosedError,
     SerializationError,
-    WorkerDiedError,
 )
-from easycore.parallel.feed import _ONE, _STAR, Feed, _WorkItem, _WorkResult
+from easycore.parallel.feed import _ONE, _STAR, Feed
 from easycore.parallel.functions import portable
 from easycore.parallel.job import _Job
+from easycore.parallel.results import AsyncResult, _async_result
+from easycore.parallel.service import _WINDOW, StreamService
 from easycore.parallel.tasks import _TaskHooks, _TaskRunner
 
 _T = TypeVar("_T")
 _S = TypeVar("_S")
 _P = ParamSpec("_P")
 
-_TICK = 0.1  # seconds between checks while a thread waits
-_TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
-# The pool's default ``window`` (items in flight in its stream, and a job's read ahead):
-# large, so that tiny items travel in batches of thousands (an engine batch is at most a
-# quarter of the window per worker). The engine bounds items in flight by bytes too, input
-# and results alike, and each job's results by bytes (Pool._bound_room), so large items are
-# held to a few.
-_WINDOW = 65536
 
 # ----- in the caller -----
 
 
-_LIVE_POOLS: weakref.WeakSet[Pool] = weakref.WeakSet()
-
-
-@atexit.register
-def _terminate_all_at_exit() -> None:
-    # Registered after the engine's exit hook, so it runs first: streams stop before runners.
-    for p in list(_LIVE_POOLS):
-        try:
-            p.terminate()
-        except BaseException:  # noqa: BLE001, S110 - nothing useful to do at exit
-            pass
-
-
-def _for_pool(e: BaseException) -> BaseException:
-    """The runner's error reworded for pool users (the pool restarts its workers itself)."""
-    if isinstance(e, WorkerDiedError):
-        msg = str(e).replace(
-            "The runner was closed; call activate() to restart it",
-            "Every pending call and future of the pool failed; its next call restarts the workers",
-        )
-        new = WorkerDiedError(msg, pid=e.pid, device=e.device, exitcode=e.exitcode)
-        new.__cause__ = e.__cause__
-        return new
-    return e
-
-
-def _async_result(
-    fut: Future[_T],
-    callback: Callable[[Any], Any] | None,
-    error_callback: Callable[[BaseException], Any] | None,
-) -> AsyncResult:
-    """``fut`` as an :class:`AsyncResult`, calling ``callback`` or ``error_callback`` once
-    it is done."""
-    if callback is not None or error_callback is not None:
-
-        def done(f: Future[_T]) -> None:
-            if f.cancelled():
-                return
-            exc = f.exception()
-            if exc is None:
-                if callback is not None:
-                    callback(f.result())
-            elif error_callback is not None:
-                error_callback(exc)
-
-        fut.add_done_callback(done)
-    return AsyncResult(fut)
-
-
-class AsyncResult:
-    """What :meth:`Pool.apply_async` returns, as in ``multiprocessing.pool.AsyncResult``.
-
-    Args:
-        future (concurrent.futures.Future): the future of the task.
-    """
-
-    def __init__(self, future: Future[Any]) -> None:
-        self.future = future
-
-    def get(self, timeout: float | None = None) -> Any:
-        """The task's result (or its exception, raised); ``TimeoutError`` after ``timeout``."""
-        return self.future.result(timeout)
-
-    def wait(self, timeout: float | None = None) -> None:
-        """Waits until the task is done, or ``timeout`` seconds."""
-        try:
-            self.future.exception(timeout)
-        except (TimeoutError, CancelledError):
-            pass
-
-    def ready(self) -> bool:
-        """Whether the task is done."""
-        return self.future.done()
-
-    def successful(self) -> bool:
-        """Whether the task completed without raising (ValueError if not done yet)."""
-        if not self.future.done():
-            raise ValueError("the task is not done yet")
-        return not self.future.cancelled() and self.future.exception() is None
-
-
-class Pool:
+class Pool(StreamService):
     """A pool of worker processes with the API of ``multiprocessing.Pool`` and
     ``concurrent.futures``, on easycore's runner engine.
 
@@ -252,8 +163,8 @@ class Pool:
             close_timeout=close_timeout,
             seed=seed,
             backend=backend,
+            on_unsendable=weakref.WeakMethod(self._unsendable),
         )
-        self._runner._pool = weakref.ref(self)
         self._window = self._runner._window
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
         # is still cancellable (it is "running" once sent), yet every worker has a next one.
@@ -263,7 +174,7 @@ class Pool:
         self._n_results = 0  # map results received by the current stream
         self._service = threading.Thread(target=self._serve, name="easycore-pool", daemon=True)
         self._service.start()
-        _LIVE_POOLS.add(self)
+        lifecycle.register(Stage.POOL, self)
 
     # ----- properties -----
 
@@ -282,6 +193,15 @@ class Pool:
         """int: the base seed; worker ``i`` uses ``seed + i``."""
         return self._runner.seed
 
+    @property
+    def stats(self) -> RunnerStats:
+        """:class:`~easycore.common.parallel.RunnerStats`: what the pool's stream moved and
+        where its time went, as a runner's ``stats`` say of its last call. The pool's calls
+        share one stream, so the figures are those of the stream so far (since the workers
+        last (re)started: a failure restarts them), all calls and futures together."""
+        call = self._call
+        return call.stats_now() if call is not None else self._runner.stats
+
     def __repr__(self) -> str:
         state = "terminated" if self._terminated else "closed" if self._closing else "open"
         return (
@@ -291,226 +211,6 @@ class Pool:
 
     def __getstate__(self) -> None:
         raise TypeError("a Pool cannot be pickled or sent to another process")
-
-    # ----- the stream (service thread) -----
-
-    def _serve(self) -> None:
-        runner = self._runner
-        try:
-            while True:
-                feed: Feed | None = None
-                call: Call | None = None
-                with self._cv:
-                    while not (self._tasks or self._jobs or self._closing):
-                        self._cv.wait(_TICK)
-                    if self._terminated or (self._closing and not self._tasks and not self._jobs):
-                        return
-                    generation = self._generation
-                try:
-                    runner.activate()  # after a failure: restart the workers for new work
-                    feed = Feed(self, generation)
-                    call = Call(
-                        runner,
-                        feed,
-                        False,
-                        None,
-                        True,
-                        pack=feed.pack,
-                        cost=self._cost_per_value,
-                        runs=feed,
-                    )
-                    self._call = call
-                    self._feed = feed
-                    self._n_results = 0
-                    route = self._route
-                    for results in call.iterate_chunks():
-                        route(results)
-                    if self._closing:
-                        return
-                except BaseException as e:  # noqa: BLE001 - every pending caller gets it
-                    if self._quiet_restart(e, feed, call):
-                        continue  # the loop restarts the workers; nothing failed
-                    self._fail_pending(_for_pool(e))
-                    if self._terminated:
-                        return
-        finally:
-            self._call = None
-            self._feed = None
-            try:
-                runner._shutdown(interrupt=self._terminated)
-            except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
-                self._end_error: BaseException | None = e
-            self._fail_pending(RunnerClosedError("the pool was closed"))
-
-    def _stream_drained(self) -> bool:
-        """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
-        call = self._call
-        return call is not None and call.drained()
-
-    def _worker_died(self) -> bool:
-        """Whether a worker of the stream has died, or the workers were already stopped (the
-        stream failed: its receiver saw the death first). The feed asks before taking work."""
-        workers = self._runner._workers
-        return workers is None or workers.closed or workers.exited()
-
-    def _quiet_restart(self, error: BaseException, feed: Feed | None, call: Call | None) -> bool:
-        """Whether the stream's failure, a worker's death, lost nothing: the feed had stopped
-        taking work (it saw the death, it was waiting for work, or it never started), and
-        every item it read was sent and came back. Then no call or future fails: the old feed
-        is stopped, and the workers restart for the work that is waiting. (A worker that died
-        while the pool was idle failed the next call that spanned a health check.) Not twice
-        in a row for streams that delivered nothing: workers that die as soon as they start
-        would otherwise be restarted for ever, and the calls waiting on them never fail."""
-        if not isinstance(error, WorkerDiedError) or feed is None or call is None:
-            self._quiet_before = False
-            return False
-        with self._cv:
-            quiet = (
-                not self._terminated
-                # the feed saw the death, waits for work, or never ran (the call found the
-                # death as it started)
-                and (feed.stopped_for_death or self._feed_waiting or call.reader is None)
-                and call.drained()
-                and (call.delivered > 0 or not self._quiet_before)
-            )
-            self._quiet_before = quiet
-            if quiet:
-                self._generation += 1  # a waiting feed takes nothing more
-                self._cv.notify_all()
-        return quiet
-
-    def _route(self, results: list[_WorkResult | None]) -> None:
-        """Hands one message's results to their futures and jobs. Consecutive chunks of one
-        job are merged and delivered together (one lock and one wake-up per message, not per
-        item: an iterator input travels item by item)."""
-        jobs = self._jobs
-        run_jid = 0  # the job whose chunks are being merged (0: none)
-        run_start = 0
-        run: list[Any] = []
-        seconds = 0.0
-        count = 0
-        for jid, index, ok, value in filter(None, results):  # None: an item never sent
-            if jid == 0:
-                self._settle(index, ok, value)
-                continue
-            if ok:
-                out, secs = value
-                seconds += secs
-                count += len(out)
-                if jid == run_jid and index == run_start + len(run):
-                    run += out
-                    continue
-                if run_jid:
-                    self._deliver(jobs.get(run_jid), run_start, True, run)
-                run_jid, run_start, run = jid, index, out
-            else:
-                if run_jid:
-                    self._deliver(jobs.get(run_jid), run_start, True, run)
-                    run_jid = 0
-                partial = value.pop("partial", None)
-                if partial:  # results of the chunk before its failing item
-                    self._deliver(jobs.get(jid), index, True, partial)
-                    index += len(partial)
-                self._deliver(jobs.get(jid), index, False, value)
-        if run_jid:
-            self._deliver(jobs.get(run_jid), run_start, True, run)
-        if count:
-            cost = max(seconds / count, 1e-9)  # never 0, which means "not known" (engine)
-            prev = self._item_cost
-            self._item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
-            self._bound_room(count)
-
-    def _cost_per_value(self) -> float:
-        """Worker seconds per input value, learned from the chunks done (0: not known yet);
-        the engine sizes its batches of single values by it."""
-        return self._item_cost
-
-    def _unsendable(self, item: _WorkItem, error: Exception) -> None:
-        """Fails the call whose input chunk ``item`` could not be pickled."""
-        jid, index, _fn, arg, _mode = item
-        job = self._jobs.get(jid)
-        if job is None:
-            return
-        what = wire.describe_unpicklable(list(arg))
-        err = SerializationError(
-            f"input item {index}..{index + len(arg) - 1} of this call cannot be sent to the "
-            f"workers: {what} is not picklable"
-        )
-        err.__cause__ = error
-        job.fail(err)
-
-    @staticmethod
-    def _deliver(job: _Job | None, index: int, ok: bool, value: Any) -> None:
-        if job is not None:
-            job.deliver(index, ok, value)
-
-    def _settle(self, tid: int, ok: bool, value: Any) -> None:
-        """Completes the future of submitted task ``tid``."""
-        fut = self._running.pop(tid, None)
-        if fut is None:
-            return
-        if self._feed_waiting:
-            self._wake_feed()  # room for another task
-        try:
-            if ok:
-                fut.set_result(value)
-            else:
-                fut.set_exception(worker_error(value))
-        except InvalidStateError:
-            pass  # failed meanwhile by terminate()
-
-    def _fail_pending(self, error: BaseException) -> None:
-        """Fails every job and future not finished (the stream they travelled on is gone)."""
-        with self._cv:
-            self._generation += 1  # the old feed stops taking work
-            jobs = list(self._jobs.values())
-            futures = list(self._running.values())
-            self._running.clear()
-            queued = list(self._tasks)
-            self._tasks.clear()
-            self._cut_feed()
-            self._cv.notify_all()
-        for job in jobs:
-            job.fail(error)
-        for fut in futures + [q[0] for q in queued]:
-            try:
-                fut.set_exception(error)
-            except InvalidStateError:
-                pass  # cancelled or done
-            except BaseException:  # noqa: BLE001 - a pending (cancelled) future
-                pass
-
-    def _bound_room(self, n_results: int) -> None:
-        """Bounds each job's results ahead of its caller by bytes too (as the runners bound
-        items in flight): at most about twice the output queue's budget of results."""
-        call = self._call
-        if call is None:
-            return
-        self._n_results += n_results
-        per = call.stats.bytes_out / max(1, self._n_results)
-        if per > 0:
-            self._room[0] = max(1, min(_WINDOW, int(call.max_inflight_bytes / per)))
-
-    def _auto_chunk(self, job: _Job) -> int:
-        """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done."""
-        cost = self._item_cost
-        if cost <= 0:
-            return 1
-        # At most a quarter of the job's window per worker, so every worker gets chunks.
-        most = max(1, job.window // (4 * len(self._runner.devices)))
-        return max(1, min(int(_TARGET_CHUNK_S / cost), most))
-
-    def _cut_feed(self) -> None:
-        """The feed ends the segment it reads after the current item (call under ``_cv``)."""
-        self._cuts += 1
-        feed = self._feed
-        if feed is not None:
-            feed.cut()
-
-    def _wake_feed(self) -> None:
-        if self._feed_waiting:
-            with self._cv:
-                self._cv.notify_all()
 
     def _check_open(self) -> None:
         if self._closing:
@@ -607,7 +307,7 @@ class Pool:
                             break
                         if job.input_done and job.consumed >= job.pulled:
                             return
-                        wait = _TICK
+                        wait = TICK
                         if deadline is not None:
                             wait = min(wait, deadline - time.monotonic())
                             if wait <= 0:
@@ -656,7 +356,9 @@ class Pool:
                 other iterable goes item by item (the engine still batches the messages);
                 a chunksize makes the pool wait to fill each chunk from such an iterable.
             timeout (float, optional): seconds the whole iteration may take before
-                ``TimeoutError`` (the pool stays usable).
+                ``TimeoutError`` (the pool stays usable). This is the meaning of
+                ``concurrent.futures`` and ``multiprocessing.Pool``: a deadline for the
+                call. (A runner's ``timeout=`` is the manual's: seconds without a result.)
             progress (bool): show a tqdm progress bar of the results handed out.
 
         Returns:
@@ -953,7 +655,7 @@ class Pool:
         if threading.current_thread() is not self._service:
             self._service.join(timeout)
         if not self._service.is_alive():
-            _LIVE_POOLS.discard(self)
+            lifecycle.discard(Stage.POOL, self)
             err = getattr(self, "_end_error", None)
             if err is not None:
                 self._end_error = None
@@ -970,84 +672,3 @@ class Pool:
             self.join()
         else:
             self.terminate()
-
-
-class PoolExecutor(Executor):
-    """A ``concurrent.futures.Executor`` on a :class:`Pool`; drop-in for
-    ``ProcessPoolExecutor``.
-
-    Args:
-        max_workers (int or Iterable[str], optional): as ``Pool``'s ``processes`` (a number of
-            CPU workers, or a list of devices).
-        initializer (Callable, optional): as for :class:`Pool`.
-        initargs (tuple): as for :class:`Pool`.
-        **kwargs: the other keyword arguments of :class:`Pool`.
-    """
-
-    _pool_cls: type[Pool] = Pool
-
-    def __init__(
-        self,
-        max_workers: int | Iterable[str] | None = None,
-        initializer: Callable[..., Any] | None = None,
-        initargs: Iterable[Any] = (),
-        **kwargs: Any,
-    ) -> None:
-        self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
-
-    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
-        """Schedules ``fn(*args, **kwargs)`` (see :meth:`Pool.submit`).
-
-        Returns:
-            concurrent.futures.Future: the task's result or exception.
-        """
-        try:
-            return self.pool.submit(fn, *args, **kwargs)
-        except RunnerClosedError as e:
-            raise RuntimeError("cannot schedule new futures after shutdown") from e
-
-    def map(
-        self,
-        fn: Callable[..., _T],
-        *iterables: Iterable[Any],
-        timeout: float | None = None,
-        chunksize: int = 1,
-        buffersize: int | None = None,
-    ) -> Iterator[_T]:
-        """``Executor.map``: lazily yields ``fn(*args)`` for the zipped ``iterables``, in order.
-
-        Unlike ``ProcessPoolExecutor.map``, the input is read lazily (bounded in flight).
-
-        Args:
-            fn (Callable): any function, lambda or closure.
-            *iterables: as for ``map()``.
-            timeout (float, optional): seconds the whole iteration may take.
-            chunksize (int): items per task (1: item by item; the engine still batches).
-            buffersize (int, optional): accepted for compatibility.
-
-        Returns:
-            Iterator: the results.
-        """
-        try:
-            chunk = chunksize if chunksize > 1 else None
-            return self.pool.istarmap(fn, zip(*iterables, strict=False), chunk, timeout=timeout)
-        except RunnerClosedError as e:
-            raise RuntimeError("cannot schedule new futures after shutdown") from e
-
-    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Accepts no new work; with ``wait``, waits for pending work and the workers.
-
-        Args:
-            wait (bool): wait for pending futures and the workers to finish.
-            cancel_futures (bool): cancel the futures no worker has started.
-        """
-        pool = self.pool
-        if cancel_futures:
-            with pool._cv:
-                queued = list(pool._tasks)
-                pool._tasks.clear()
-            for fut, _tid, _blob in queued:
-                fut.cancel()
-        pool.close()
-        if wait:
-            pool.join()

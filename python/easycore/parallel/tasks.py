@@ -8,12 +8,13 @@ from __future__ import annotations
 import itertools
 import pickle
 import time
-import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from easycore.common.parallel import engine, wire
-from easycore.common.parallel import worker as _worker
-from easycore.common.parallel.worker import error_report
+from easycore._engine import wire
+from easycore._engine.producer import Interrupted
+from easycore._engine.reports import error_report, not_picklable_report
+from easycore.common.parallel import engine
 from easycore.parallel.feed import _ONE, _TASK, _WorkItem, _WorkResult
 from easycore.parallel.functions import _ByValue, _load_by_value
 
@@ -88,10 +89,7 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
                 # not copied by this check; a bad result would otherwise end the stream).
                 _CODEC[0].dumps(value)
             except Exception as e:  # noqa: BLE001 - reported as this task's error
-                what = wire.describe_unpicklable(value)
-                err = error_report("task", device, None, e, "pickle_result")
-                err["message"] = f"the result is not picklable: {what}"
-                return job, index, False, err
+                return job, index, False, not_picklable_report("task", device, None, e, value)
             return job, index, True, value
         t0 = time.perf_counter()
         # list.extend appends each result as it comes: if fn raises, out holds the results
@@ -99,7 +97,7 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
         # No Python frame per item: about 25 ns an item less than a loop with append.
         out.extend(map(fn, arg) if mode == _ONE else itertools.starmap(fn, arg))
         return job, index, True, (out, time.perf_counter() - t0)
-    except _worker._Interrupted:
+    except Interrupted:
         raise
     except BaseException as e:  # noqa: BLE001 - sent to the caller, raised there
         where = index + len(out) if mode != _TASK else None
@@ -110,7 +108,7 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
 
 
 def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_WorkResult | None]:
-    """The results of a batch did not pickle (see the worker's ``_dumps_fixed``): each chunk
+    """The results of a batch did not pickle (see ``ProducerCore._dumps_fixed``): each chunk
     whose results do not pickle becomes an error report, so only its own call fails, not
     every call and future sharing the stream."""
     dumps = _CODEC[0].dumps
@@ -126,10 +124,13 @@ def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_Wor
             except Exception as e:  # noqa: BLE001 - reported to the chunk's call
                 out = value[0] if job else [value]
                 k = next((i for i, x in enumerate(out) if not _picklable(x)), 0)
-                err = error_report("task", device, index + k if job else None, e, "pickle_result")
-                what = wire.describe_unpicklable(out[k : k + 1])
-                err["message"] = f"the result is not picklable: {what}"
-                r = (job, index, False, err)
+                where = index + k if job else None
+                r = (
+                    job,
+                    index,
+                    False,
+                    not_picklable_report("task", device, where, e, out[k : k + 1]),
+                )
         elif "partial" in value and not _picklable(value["partial"]):
             del value["partial"]  # the call's error is then raised at its chunk's start
         fixed.append(r)
@@ -144,12 +145,7 @@ def _picklable(x: Any) -> bool:
     return True
 
 
-_run_item.fix_unsendable = _fix_unsendable  # type: ignore[attr-defined]
-
-
 if TYPE_CHECKING:
-    from easycore.parallel.pool import Pool
-
     # What the hooks are mixed into: a runner flavour (the engine's, or torch's), whose
     # methods ``super()`` reaches.
     _RunnerBase = engine.BaseRunner
@@ -160,26 +156,36 @@ else:
 class _TaskHooks(_RunnerBase):
     """The hooks of the pool's internal runner (mixed into a runner flavour)."""
 
-    def __init__(self, devices: Any, setup: tuple[Any, tuple[Any, ...]], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        devices: Any,
+        setup: tuple[Any, tuple[Any, ...]],
+        *,
+        on_unsendable: Callable[[], Callable[[_WorkItem, Exception], None] | None] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        """``setup``: ``(initializer, initargs)``; ``on_unsendable``: a weak reference (called
+        with no argument) to what fails the call of an input item that cannot be pickled
+        (the pool's), or None: such an item fails the whole stream."""
         self._pool_init = setup
+        self._on_unsendable = on_unsendable
         super().__init__(devices, **kwargs)
 
-    def _producer_setup(self, n_producers: int) -> _Setup:  # type: ignore[override]
+    def _producer_setup(self, n_producers: int) -> _Setup:
         base = super()._producer_setup(n_producers)
         return _Setup(base, *self._pool_init, self._codec())
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
-
-    _pool: weakref.ref[Pool] | None = None  # set by the Pool
+    _fix_unsendable = staticmethod(_fix_unsendable)
 
     def _drop_unsendable(
         self, items: list[_WorkItem], first: int, error: Exception
     ) -> list[_WorkItem | None]:
         """One item that cannot be pickled fails its own call, not the stream that every
         call and future of the pool shares: keeps the items that pickle."""
-        pool = self._pool() if self._pool is not None else None
-        if pool is None:
+        fail = self._on_unsendable() if self._on_unsendable is not None else None
+        if fail is None:
             return super()._drop_unsendable(items, first, error)
         codec = self._codec()
         kept: list[_WorkItem | None] = []
@@ -188,7 +194,7 @@ class _TaskHooks(_RunnerBase):
             try:
                 codec.dumps(item)  # out-of-band buffers are not copied by this check
             except Exception as e:  # noqa: BLE001 - reported to the item's call
-                pool._unsendable(item, e)
+                fail(item, e)
                 item = None  # travels as nothing (the batch keeps its length: see Feed.pack)
             kept.append(item)
         return kept

@@ -1,8 +1,9 @@
-"""The producer as a Ray actor: what a producer process does (:mod:`..worker`), one batch per
-actor call instead of a loop over a shared-memory queue.
+"""The producer as a Ray actor: the producer core that a local producer process runs
+(``easycore._engine.producer``), one batch per actor call instead of a loop over a
+shared-memory queue.
 
 Each call takes and returns a message of the engine's wire format, ``(seq, kind, parts)``,
-so the caller's :class:`~easycore.common.parallel.call.Call` reads results and error
+so the caller's :class:`~easycore._engine.stream.Call` reads results and error
 reports exactly as it reads them from the local producers. Out-of-band buffers (numpy arrays,
 tensors' memory) travel as numpy ``uint8`` arrays, which Ray keeps out of band too: a large
 result is written once into the object store of the actor's node, and read there by the
@@ -15,14 +16,11 @@ This module does not import Ray: the backend wraps :class:`ProducerActor` with
 from __future__ import annotations
 
 import os
-import sys
-import time
 from collections.abc import Sequence
 from typing import Any
 
-from easycore.common.parallel import wire
-from easycore.common.parallel import worker as _worker
-from easycore.common.parallel.worker import WorkerInfo, error_report
+from easycore._engine import wire
+from easycore._engine.producer import ProducerCore
 
 
 def to_ray_parts(parts: Sequence[Any]) -> list[Any]:
@@ -51,7 +49,8 @@ def _node() -> tuple[str, str]:
 
 
 class ProducerActor:
-    """One producer: runs the runner class's producer hooks in a Ray actor.
+    """One producer in a Ray actor: the engine's producer core
+    (:class:`~easycore._engine.producer.ProducerCore`), one batch per actor call.
 
     Args:
         runner_cls (type): the user's runner class (its static hooks are called).
@@ -65,23 +64,16 @@ class ProducerActor:
 
     def __init__(
         self,
-        runner_cls: type,
+        runner_cls: Any,
         index: int,
         device: str,
         cfg: Any,
         setup: Any,
         options: dict[str, Any],
     ) -> None:
-        self.runner_cls = runner_cls
-        self.index = index
-        self.device = device
-        self.cfg = cfg
-        self.setup = setup
-        self.n = int(options.get("n", 1))
-        self.seed = int(options.get("seed", 0)) + index
-        self.codec: wire.Codec = runner_cls._codec()  # type: ignore[attr-defined]
-        self.busy = 0.0
-        self.wait = 0.0
+        n = int(options.get("n", 1))
+        seed = int(options.get("seed", 0))
+        self.core = ProducerCore(runner_cls, index, n, device, cfg, seed, setup)
 
     def start(self) -> tuple[int, str, str, int, list[Any]]:
         """Runs ``setup`` and ``producer_init``.
@@ -92,18 +84,10 @@ class ProducerActor:
         """
         pid = os.getpid()
         node_id, ip = _node()
-        _worker._INFO = WorkerInfo(self.index, self.n, self.device, self.seed, pid)
-        seeded: set[str] = set()
-        _worker._seed_all(self.seed, seeded)
-        if not {"numpy", "torch"} <= seeded:
-            sys.meta_path.insert(0, _worker._SeedOnImport(self.seed, seeded))
-        try:
-            if self.setup is not None:
-                self.setup(self.device)
-            self.runner_cls.producer_init(self.device, self.cfg)  # type: ignore[attr-defined]
-        except BaseException as e:  # noqa: BLE001 - reported to the caller
-            report = error_report("producer_init", self.device, None, e, "hook")
-            return pid, node_id, ip, wire.ERROR, to_ray_parts(self.codec.dumps(report))
+        self.core.begin(pid)
+        report = self.core.init()
+        if report is not None:
+            return pid, node_id, ip, wire.ERROR, to_ray_parts(self.core.codec.dumps(report))
         return pid, node_id, ip, wire.READY, []
 
     def work(self, seq: int, kind: int, parts: list[Any]) -> tuple[int, int, list[Any]]:
@@ -118,38 +102,11 @@ class ProducerActor:
             tuple: ``(seq, kind, parts)``: a ``RESULT`` message ``(first, results, index,
             busy_s, wait_s)``, or an ``ERROR`` message with the error report.
         """
-        t0 = time.perf_counter()
         _, call = wire.unpack_kind(kind)
-        codec = self.codec
-        device = self.device
-
-        def error(report: dict[str, Any]) -> tuple[int, int, list[Any]]:
-            self.busy += time.perf_counter() - t0
-            return seq, wire.pack_kind(wire.ERROR, call), to_ray_parts(codec.dumps(report))
-
-        try:
-            first, items = codec.loads(parts)
-        except BaseException as e:  # noqa: BLE001
-            return error(error_report("producer_work", device, None, e, "unpickle_item"))
-        del parts
-        work = self.runner_cls.producer_work  # type: ignore[attr-defined]
-        cfg = self.cfg
-        results: list[Any] = []
-        append = results.append
-        try:
-            for item in items:
-                append(work(device, cfg, item))
-        except BaseException as e:  # noqa: BLE001
-            return error(error_report("producer_work", device, first + len(results), e, "hook"))
-        self.busy += time.perf_counter() - t0
-        try:
-            out = codec.dumps((first, results, self.index, self.busy, self.wait))
-        except BaseException as e:  # noqa: BLE001
-            what = wire.describe_unpicklable(results)
-            report = error_report("producer_work", device, first, e, "pickle_result")
-            report["message"] = f"the result is not picklable: {what}"
-            return error(report)
-        return seq, wire.pack_kind(wire.RESULT, call), to_ray_parts(out)
+        t, out, _first = self.core.run(call, parts, 0.0)
+        if t == wire.ERROR:
+            out = self.core.codec.dumps(out)
+        return seq, wire.pack_kind(t, call), to_ray_parts(out)
 
     def stop(self) -> dict[str, Any] | None:
         """Runs ``producer_end`` (and closes runners the hooks left open).
@@ -157,10 +114,4 @@ class ProducerActor:
         Returns:
             dict or None: the error report of ``producer_end``, if it raised.
         """
-        end_error = None
-        try:
-            self.runner_cls.producer_end(self.device, self.cfg)  # type: ignore[attr-defined]
-        except BaseException as e:  # noqa: BLE001
-            end_error = error_report("producer_end", self.device, None, e, "hook")
-        _worker._close_nested_runners()
-        return end_error
+        return self.core.end()

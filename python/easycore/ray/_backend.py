@@ -1,16 +1,16 @@
-"""The Ray backend: a runner's producers as Ray actors, behind the engine's worker interface.
+"""The Ray backend: a runner's producers as Ray actors, behind the engine's transport.
 
-The engine's call (:class:`~easycore.common.parallel.call.Call`) reads and batches the
+The engine's stream (:class:`~easycore._engine.stream.Call`) reads and batches the
 input, keeps the window, orders results, runs the consumer hooks, shows progress and keeps
-the statistics. It talks to its producers through an object with the interface of
-``producers.LocalWorkers``; :class:`RayWorkers` is such an object:
+the statistics. It talks to its producers through a
+:class:`~easycore._engine.transport.Transport`; :class:`RayWorkers` is the Ray one:
 
-* ``in_q.put(seq, kind, parts, block=False)`` sends one batch as one actor call
-  (``ProducerActor.work``) to the actor with the fewest calls in flight, and raises
-  ``QueueFull`` when every actor already has ``calls_in_flight`` of them;
+* ``send`` sends one batch as one actor call (``ProducerActor.work``) to the actor with the
+  fewest calls in flight, and raises ``QueueFull`` when every actor already has
+  ``calls_in_flight`` of them;
 * each call's result (a message of the engine's wire format) arrives through a callback on
-  its ``ObjectRef`` into a local queue, ``out_q``, which the receiving thread reads with
-  ``get_many`` (the input reader's wake-ups go there too);
+  its ``ObjectRef`` into the inbox, which ``receive`` reads (the input reader's wake-ups go
+  there too);
 * an actor call that fails because its actor died records a ``WorkerDiedError`` (actor,
   node, pid, cause), which ``dead()`` returns: the engine then fails the call and closes the
   runner, as for a dead process;
@@ -29,10 +29,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from easycore.common.parallel import producers, wire
-from easycore.common.parallel import worker as _worker
-from easycore.common.parallel.remote_errors import worker_error
+from easycore._engine import lifecycle, wire
+from easycore._engine import producer as _producer
+from easycore._engine.lifecycle import INTERRUPT_GRACE_S, TICK, Stage
+from easycore._engine.reports import error_report, worker_error
+from easycore._engine.transport import Transport
+from easycore.common.parallel.devices import device_entries
 from easycore.errors import (
+    RUNNER_CLOSED,
     EasycoreError,
     InvalidArgument,
     QueueClosed,
@@ -42,8 +46,6 @@ from easycore.errors import (
 )
 from easycore.ray._actor import ProducerActor, to_ray_parts
 
-_TICK = 0.1  # seconds between checks while waiting for actors to start or stop
-_GRACE_S = 2.0  # after an interrupt, time left for producer_end before the actors are killed
 _DEVICE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
 
@@ -110,22 +112,7 @@ class RayBackend:
         Raises:
             InvalidArgument: for a count below 1, an empty list or an unknown device.
         """
-        if isinstance(devices, bool):
-            raise InvalidArgument(f"devices must be an int or an iterable, got {devices!r}")
-        if isinstance(devices, int):
-            if devices < 1:
-                raise InvalidArgument(f"devices must be at least 1, got {devices}")
-            devices = ["cpu"] * devices
-        elif isinstance(devices, str | dict):
-            devices = [devices]
-        try:
-            entries = list(devices)
-        except TypeError:
-            raise InvalidArgument(
-                f"devices must be an int or an iterable, got {type(devices).__name__}"
-            ) from None
-        if not entries:
-            raise InvalidArgument("devices is empty: give at least one device, e.g. ['cpu']")
+        entries = device_entries(devices, "an int or an iterable", single=(str, dict))
         names: list[str] = []
         hook_devices: list[str] = []
         options: list[dict[str, Any]] = []
@@ -217,31 +204,9 @@ def _cause(e: BaseException) -> str:
     return cause[:400] or type(e).__name__
 
 
-class _Sender:
-    """The input side: one actor call per batch (``in_q`` of the engine's call)."""
-
-    def __init__(self, workers: RayWorkers) -> None:
-        self.w = workers
-        self.wait_seconds = 0.0  # never blocks: a full set of actors raises QueueFull
-
-    def put(
-        self,
-        seq: int,
-        kind: int,
-        parts: list[Any],
-        block: bool = True,
-        timeout: float | None = None,
-    ) -> None:
-        self.w.send(seq, kind, parts)
-
-    def get_many(
-        self, n: int, block: bool = True, timeout: float | None = None
-    ) -> list[tuple[int, int, list[Any]]]:
-        raise QueueEmpty("nothing waits in the Ray backend's input")
-
-
-class _Results:
-    """The output side: messages from actor calls' callbacks and the input reader."""
+class _Inbox:
+    """Messages from actor calls' callbacks (Ray's threads) and from the input reader
+    (:meth:`RayWorkers.wake`), taken by the stream's receiving thread."""
 
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
@@ -249,24 +214,15 @@ class _Results:
         self.closed = False
         self.wait_seconds = 0.0
 
-    def put(
-        self,
-        seq: int,
-        kind: int,
-        parts: list[Any],
-        block: bool = True,
-        timeout: float | None = None,
-    ) -> None:
-        self.push((seq, kind, parts))
-
     def push(self, msg: tuple[int, int, list[Any]]) -> None:
         with self.cond:
             self.msgs.append(msg)
             self.cond.notify()
 
-    def get_many(
-        self, n: int, block: bool = True, timeout: float | None = None
+    def take(
+        self, max_messages: int, block: bool = True, timeout: float | None = None
     ) -> list[tuple[int, int, list[Any]]]:
+        """Up to ``max_messages`` messages (see :meth:`Transport.receive`)."""
         with self.cond:
             if not self.msgs:
                 if self.closed:
@@ -281,7 +237,7 @@ class _Results:
                         raise QueueClosed("the runner was closed")
                     raise QueueEmpty("no result")
             msgs = self.msgs
-            return [msgs.popleft() for _ in range(min(n, len(msgs)))]
+            return [msgs.popleft() for _ in range(min(max_messages, len(msgs)))]
 
     def close(self) -> None:
         with self.cond:
@@ -289,8 +245,8 @@ class _Results:
             self.cond.notify_all()
 
 
-class RayWorkers(producers.WorkerSet):
-    """The actors of an active runner, with the interface of the engine's ``LocalWorkers``."""
+class RayWorkers(Transport):
+    """The actors of an active runner: the engine's transport over Ray actor calls."""
 
     def __init__(
         self,
@@ -310,9 +266,9 @@ class RayWorkers(producers.WorkerSet):
         self.out_budget = out_budget
         self.calls_in_flight = calls_in_flight
         n = len(handles)
-        self.view = [0] * _worker.state_size(n)
+        self.view = [0] * _producer.state_size(n)
         for i in range(n):
-            self.view[_worker.STATE_FIELDS * i + _worker.ITEM] = -1
+            self.view[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
         self.lock = threading.Lock()
         # Per actor, its calls in flight in the order sent (an actor runs them in that
         # order): [ref, call, first item, item count, seq].
@@ -323,9 +279,9 @@ class RayWorkers(producers.WorkerSet):
         self.closed = False
         self.end_errors: list[dict[str, Any]] = []
         self.owner_pid = os.getpid()
-        self.in_q = _Sender(self)
-        self.out_q = _Results()
-        producers.LIVE_WORKERS.add(self)
+        self.inbox = _Inbox()
+        self.receive = self.inbox.take  # type: ignore[method-assign]
+        lifecycle.register(Stage.PRODUCERS, self)
 
     # ----- start -----
 
@@ -396,15 +352,15 @@ class RayWorkers(producers.WorkerSet):
 
     def _working_on(self, i: int, entry: list[Any] | None) -> None:
         """Updates the view of what actor ``i`` works on (under ``lock``): its oldest call."""
-        base = _worker.STATE_FIELDS * i
+        base = _producer.STATE_FIELDS * i
         view = self.view
         if entry is None:
-            view[base + _worker.ITEM] = -1
+            view[base + _producer.ITEM] = -1
             return
-        view[base + _worker.CALL] = entry[1]
-        view[base + _worker.SINCE_NS] = time.monotonic_ns()
-        view[base + _worker.COUNT] = entry[3]
-        view[base + _worker.ITEM] = entry[2]
+        view[base + _producer.CALL] = entry[1]
+        view[base + _producer.SINCE_NS] = time.monotonic_ns()
+        view[base + _producer.COUNT] = entry[3]
+        view[base + _producer.ITEM] = entry[2]
 
     def _done(self, i: int, entry: list[Any], fut: Any) -> None:
         """An actor call ended (in a Ray thread): its message goes to the output queue."""
@@ -417,7 +373,7 @@ class RayWorkers(producers.WorkerSet):
         except exceptions.RayActorError as e:
             self._actor_died(i, e)
         except BaseException as e:  # noqa: BLE001 - reported as the batch's error
-            report = _worker.error_report("producer_work", self.devices[i], entry[2], e, "ray")
+            report = error_report("producer_work", self.devices[i], entry[2], e, "ray")
             msg = (entry[4], wire.pack_kind(wire.ERROR, entry[1]), self.codec.dumps(report))
         with self.lock:
             q = self.inflight[i]
@@ -430,9 +386,9 @@ class RayWorkers(producers.WorkerSet):
                 self._working_on(i, q[0] if q else None)
             entry[0] = None
         if msg is not None:
-            self.out_q.push(msg)
+            self.inbox.push(msg)
         elif self.died is not None:
-            self.out_q.push((0, wire.pack_kind(wire.WAKE, 0), [b""]))
+            self.inbox.push((0, wire.pack_kind(wire.WAKE, 0), [b""]))
 
     def _actor_died(self, i: int, e: BaseException) -> None:
         with self.lock:
@@ -440,10 +396,10 @@ class RayWorkers(producers.WorkerSet):
             if self.died is not None:
                 return
             p = self.procs[i]
-            self.died = WorkerDiedError(
+            self.died = WorkerDiedError.of(
                 f"producer {i} (Ray actor {p.actor_id}, device {self.devices[i]!r}, node "
-                f"{p.node_ip} {p.node_id[:12]}, pid {p.pid}) died: {_cause(e)}. The runner "
-                "was closed; call activate() to restart it",
+                f"{p.node_ip} {p.node_id[:12]}, pid {p.pid}) died: {_cause(e)}",
+                RUNNER_CLOSED,
                 pid=p.pid,
                 device=self.devices[i],
                 exitcode=None,
@@ -452,7 +408,13 @@ class RayWorkers(producers.WorkerSet):
             self.died.node_id = p.node_id  # type: ignore[attr-defined]
             self.died.node_ip = p.node_ip  # type: ignore[attr-defined]
 
-    # ----- the WorkerSet interface (as LocalWorkers) -----
+    # ----- the rest of the Transport interface -----
+
+    def wake(self, call: int) -> None:
+        self.inbox.push((0, wire.pack_kind(wire.WAKE, call), [b""]))
+
+    def wait_seconds(self) -> tuple[float, float]:
+        return 0.0, self.inbox.wait_seconds
 
     def dead(self) -> WorkerDiedError | None:
         """The error for the first actor seen dead, if any."""
@@ -481,7 +443,7 @@ class RayWorkers(producers.WorkerSet):
         ray = self.ray
         if interrupt:
             self.interrupt()
-            timeout = min(timeout, _GRACE_S)
+            timeout = min(timeout, INTERRUPT_GRACE_S)
         deadline = time.monotonic() + timeout
         stops: dict[Any, int] = {}
         for i, h in enumerate(self.handles):
@@ -492,7 +454,7 @@ class RayWorkers(producers.WorkerSet):
                     continue
         pending = list(stops)
         while pending and time.monotonic() < deadline:
-            left = max(0.0, min(_TICK, deadline - time.monotonic()))
+            left = max(0.0, min(TICK, deadline - time.monotonic()))
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=left)
             for ref in ready:
                 try:
@@ -501,7 +463,7 @@ class RayWorkers(producers.WorkerSet):
                     continue
                 if err is not None:
                     self.end_errors.append(err)
-        self.out_q.close()
+        self.inbox.close()
         for h in self.handles:
             _kill(ray, h)
 
@@ -510,10 +472,10 @@ class RayWorkers(producers.WorkerSet):
         if not self.mine():
             return
         self.closed = True
-        self.out_q.close()
+        self.inbox.close()
         for h in self.handles:
             _kill(self.ray, h)
-        producers.LIVE_WORKERS.discard(self)
+        lifecycle.discard(Stage.PRODUCERS, self)
 
 
 def _kill(ray: Any, handle: Any) -> None:
@@ -540,7 +502,7 @@ def _wait_started(
                 f"{plan.backend.start_timeout:.0f} s: the cluster may lack the resources they "
                 f"ask for ({asks}); see `ray status`"
             )
-        ready, pending = ray.wait(pending, num_returns=1, timeout=_TICK)
+        ready, pending = ray.wait(pending, num_returns=1, timeout=TICK)
         for ref in ready:
             i = index[ref]
             try:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from easycore.common.parallel import leases
+from easycore._engine import leases
 
 __all__ = ["empty", "empty_like", "zeros", "zeros_like"]
 

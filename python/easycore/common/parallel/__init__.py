@@ -6,9 +6,9 @@ Inside producer hooks, :func:`worker_info` says which producer runs (index, numb
 producers, device, seed).
 """
 
+from easycore._engine.producer import WorkerInfo, worker_info
+from easycore._engine.stats import RunnerStats
 from easycore.common.parallel.engine import BaseRunner, OrderedRunner, UnorderedRunner
-from easycore.common.parallel.stats import RunnerStats
-from easycore.common.parallel.worker import WorkerInfo, worker_info
 
 __all__ = [
     "BaseRunner",

@@ -6,6 +6,7 @@ import re
 import sys
 import threading
 from collections.abc import Iterable
+from typing import Any
 
 from easycore.errors import InvalidArgument
 
@@ -26,27 +27,42 @@ def parse_devices(devices: int | Iterable[str]) -> list[str]:
     Raises:
         InvalidArgument: for a count below 1, an empty list, or an unknown device string.
     """
-    if isinstance(devices, bool):
-        raise InvalidArgument(f"devices must be an int or an iterable of str, got {devices!r}")
-    if isinstance(devices, int):
-        if devices < 1:
-            raise InvalidArgument(f"devices must be at least 1, got {devices}")
-        return ["cpu"] * devices
-    if isinstance(devices, str):
-        devices = [devices]
-    try:
-        out = list(devices)
-    except TypeError:
-        raise InvalidArgument(
-            f"devices must be an int or an iterable of str, got {type(devices).__name__}"
-        ) from None
-    if not out:
-        raise InvalidArgument("devices is empty: give at least one device, e.g. ['cpu']")
+    out = device_entries(devices, "an int or an iterable of str")
     for d in out:
         if not isinstance(d, str) or not _DEVICE.match(d):
             raise InvalidArgument(
                 f"unknown device {d!r}: use 'cpu', 'cuda', 'cuda:N', 'mps' or 'xpu:N'"
             )
+    return out
+
+
+def cuda_index(device: str) -> int:
+    """The index of a ``"cuda"`` or ``"cuda:N"`` device (``"cuda"`` is device 0)."""
+    return int(device.split(":", 1)[1]) if ":" in device else 0
+
+
+def device_entries(devices: Any, what: str, single: tuple[type, ...] = (str,)) -> list[Any]:
+    """The entries of a ``devices`` argument, before each is checked: an int ``n`` is ``n``
+    ``"cpu"`` entries, one entry of a ``single`` type is a list of it, an iterable is
+    listed. ``what`` says what is accepted, for the errors.
+
+    Raises:
+        InvalidArgument: for a bool, a count below 1, a non-iterable or an empty list.
+    """
+    if isinstance(devices, bool):
+        raise InvalidArgument(f"devices must be {what}, got {devices!r}")
+    if isinstance(devices, int):
+        if devices < 1:
+            raise InvalidArgument(f"devices must be at least 1, got {devices}")
+        return ["cpu"] * devices
+    if isinstance(devices, single):
+        devices = [devices]
+    try:
+        out = list(devices)
+    except TypeError:
+        raise InvalidArgument(f"devices must be {what}, got {type(devices).__name__}") from None
+    if not out:
+        raise InvalidArgument("devices is empty: give at least one device, e.g. ['cpu']")
     return out
 
 

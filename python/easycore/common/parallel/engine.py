@@ -2,14 +2,17 @@
 process per device (``activate``), runs one call at a time (``runner(data)``, ``imap``) and
 closes its producers (``close``, at exit, on a producer's death, Ctrl-C, a call's timeout).
 
-Where the rest lives (this package):
+Where the rest lives (the private engine, ``easycore._engine``, whose ``__init__``
+documents its interfaces):
 
-* ``call.py``: one call's data path (reader, sender, receiver, consumer thread, window,
-  batching, stats);
-* ``producers.py``: the producers as a call sees them, and how they are stopped;
-* ``worker.py``: the producer process's loop; ``wire.py``: message kinds and the codec;
-* ``remote_errors.py``: producers' error reports and consumer hooks' errors as exceptions;
-* ``sigterm.py``: SIGTERM to the caller; ``stats.py``: :class:`RunnerStats`.
+* ``stream.py``: one call's data path (reader, sender, receiver, consumer thread, window,
+  batching, stats), configured by :class:`~easycore._engine.stream.StreamSettings`;
+* ``local.py``: starting local producers; ``transport.py``: the producers as a call sees
+  them, and how they are stopped;
+* ``process_main.py``: the producer process around ``producer.py``'s producer core;
+* ``wire.py``: message kinds and the codec; ``reports.py``: error reports and the
+  exceptions raised for them; ``flavour.py``: what the torch runners change;
+* ``lifecycle.py``: what is stopped at exit; ``sigterm.py``: SIGTERM to the caller.
 
 A dead producer, Ctrl-C, a call's timeout or SIGTERM close the runner: producers busy in
 ``producer_work`` are interrupted (SIGUSR1), then stopped; ``activate()`` restarts them.
@@ -17,57 +20,43 @@ A dead producer, Ctrl-C, a call's timeout or SIGTERM close the runner: producers
 
 from __future__ import annotations
 
-import atexit
 import itertools
-import multiprocessing
 import os
-import pickle
-import sys
 import threading
 import time
 import weakref
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
 from easycore._core import (
     Queue,
     ReorderBuffer,
-    shm_space,
-    sweep_stale_segments,
 )
-from easycore.common.parallel import wire
-from easycore.common.parallel import worker as _worker
-from easycore.common.parallel.call import TICK, Call
+from easycore._engine import lifecycle, plugins, wire
+from easycore._engine.flavour import PLAIN, Flavour
+from easycore._engine.lifecycle import Stage
+from easycore._engine.local import LocalStart, start_local
+from easycore._engine.reports import not_picklable_error, worker_error
+from easycore._engine.sigterm import install_handler
+from easycore._engine.stats import RunnerStats
+from easycore._engine.stream import Call, StreamSettings
+from easycore._engine.transport import Transport
 from easycore.common.parallel.devices import (
     choose_start_method,
     parse_devices,
     start_method_reason,
 )
 from easycore.common.parallel.hooks import RunnerHooks
-from easycore.common.parallel.producers import LIVE_WORKERS, LocalWorkers
-from easycore.common.parallel.remote_errors import worker_error
-from easycore.common.parallel.sigterm import install_handler
-from easycore.common.parallel.stats import RunnerStats
-from easycore.common.parallel.worker import producer_main
 from easycore.errors import (
-    EasycoreError,
     InvalidArgument,
-    QueueEmpty,
     RunnerBusyError,
     RunnerClosedError,
     RunnerTimeoutError,
-    SerializationError,
-    StartMethodError,
-    WorkerDiedError,
 )
 
-_START_TIMEOUT = 600.0  # a producer_init taking longer than this is reported as stuck
-_RING_IN = 4 << 20  # ring bytes of the input queue (larger items use side segments)
-_RING_OUT = 8 << 20  # ring bytes of the output queue
 # Most items in flight by default once items are known to be cheap (the pool's default
 # window too): batches of tiny items of up to 65536 / (4 * producers) items.
 _CHEAP_ITEMS_WINDOW = 65536
-_UNGUARDED_MAIN_EXIT = 87  # exit code of a spawned child that re-ran an unguarded script
 
 
 def _to_cfg(cfg: Any) -> Any:
@@ -83,63 +72,24 @@ def _to_cfg(cfg: Any) -> Any:
     raise InvalidArgument(f"cfg must be a CfgNode or a dict, got {type(cfg).__name__}")
 
 
-_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
-
-
-@atexit.register
-def _close_all_at_exit() -> None:
-    # Registered after multiprocessing's own exit hook, so it runs first: producers are
-    # stopped before multiprocessing joins its children (which would wait forever on one
-    # stuck in producer_end after an interrupted close()).
-    for r in list(_LIVE):
-        try:
-            r.close()
-        except BaseException:  # noqa: BLE001 - nothing useful to do at exit
-            pass
-    for w in list(LIVE_WORKERS):
-        w.kill_now()
-
-
 def _random_seed() -> int:
     return int.from_bytes(os.urandom(4), "little")
-
-
-def _spawned_child_bootstrapping() -> bool:
-    """Whether this process is a spawn/forkserver child still importing the main script
-    (so the script runs its runner-making code again: no ``__main__`` guard)."""
-    proc = multiprocessing.process.current_process()
-    return bool(getattr(proc, "_inheriting", False))
-
-
-def _unpicklable_cfg_key(cfg: Any) -> str:
-    """Names the first key of cfg whose value cannot be pickled."""
-    for k, v in cfg.items():
-        try:
-            pickle.dumps(v)
-        except Exception as e:  # noqa: BLE001 - describing the failure
-            if isinstance(v, dict):
-                inner = _unpicklable_cfg_key(v)
-                if inner:
-                    return f"{k}.{inner}"
-            return f"{k} (an object of type {type(v).__qualname__}: {e})"
-    return ""
 
 
 def _remote_plan(backend: Any, devices: Any, start_method: str | None) -> Any:
     """The seam to producers that are not local processes: None for ``backend=None`` or
     ``"local"``, else the backend's plan for ``devices``. A plan has ``devices`` (one device
     string per producer), ``start_method`` (a ``(name, reason)`` pair) and ``start(runner)``,
-    which returns an object with the interface of :class:`LocalWorkers` (``in_q.put``,
-    ``out_q.get_many``/``put``, ``dead()``, ``shutdown()``…) on which :class:`Call` runs
-    unchanged. Only ``easycore.ray`` makes plans today; it is imported here, on demand."""
+    which returns a :class:`~easycore._engine.transport.Transport` (``send``, ``receive``,
+    ``wake``, ``dead``, ``shutdown``…) on which the stream runs unchanged. Only
+    ``easycore.ray`` makes plans today; ``"ray"`` loads it on demand
+    (``easycore._engine.plugins``)."""
     if backend is None or backend == "local":
         return None
     if start_method is not None:
         raise InvalidArgument(f"start_method cannot be given with backend={backend!r}")
     if backend == "ray":
-        from easycore.ray import RayBackend
-
-        backend = RayBackend()
+        backend = plugins.load("backend:ray")()
     if not callable(getattr(backend, "plan", None)):
         raise InvalidArgument(
             f"backend must be None, 'local', 'ray' or an easycore.ray.RayBackend, got {backend!r}"
@@ -187,9 +137,14 @@ class BaseRunner(RunnerHooks):
     _ordered = False
 
     @staticmethod
-    def _start_context(method: str) -> Any:
-        """The multiprocessing context for ``method`` (the torch flavour: torch's)."""
-        return multiprocessing.get_context(method)
+    def _fix_unsendable(results: list[Any], device: str) -> list[Any] | None:
+        """In a producer: the results of a batch that did not pickle, the culprits replaced
+        by what may travel; None (a runner): the batch's call fails. (The pool's runner
+        turns each culprit into an error report for its own call: ``parallel/tasks.py``.)"""
+        return None
+
+    #: codec, start context, device check and set-up (the torch runners: torch's)
+    _flavour: ClassVar[Flavour] = PLAIN
 
     def __init__(
         self,
@@ -205,7 +160,12 @@ class BaseRunner(RunnerHooks):
     ) -> None:
         self._owner_pid = os.getpid()
         self._remote = _remote_plan(backend, devices, start_method)
-        self._devices = parse_devices(devices) if self._remote is None else self._remote.devices
+        if self._remote is None:
+            self._devices = parse_devices(devices)
+            self._flavour.check_devices(self._devices)
+            start_method = self._flavour.default_start_method(start_method)
+        else:
+            self._devices = self._remote.devices
         self._cfg = _to_cfg(cfg)
         if not queue_scale > 0:
             raise InvalidArgument(f"queue_scale must be positive, got {queue_scale!r}")
@@ -227,11 +187,18 @@ class BaseRunner(RunnerHooks):
         self._window_floor = self._window if window else floor
         if self._window < 1:
             raise InvalidArgument(f"window must be at least 1, got {window!r}")
+        self._settings = StreamSettings(
+            ordered=self._ordered,
+            window=self._window,
+            window_floor=self._window_floor,
+            devices=tuple(self._devices),
+            codec=self._codec,
+        )
         if seed is not None and not isinstance(seed, int):
             raise InvalidArgument(f"seed must be an int or None, got {seed!r}")
         self._seed = _random_seed() if seed is None else int(seed)
         self._close_timeout = close_timeout
-        self._workers: LocalWorkers | None = None
+        self._workers: Transport | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._calls = itertools.count(1)
         self._cost_per_item = 0.0  # producer seconds per item, learned across calls
@@ -251,22 +218,18 @@ class BaseRunner(RunnerHooks):
     @classmethod
     def _codec(cls) -> wire.Codec:
         """How items and results are pickled (the torch flavour sends tensors out of band)."""
-        return wire.Codec()
+        return cls._flavour.codec()
 
     def _drop_unsendable(self, items: list[Any], first: int, error: Exception) -> list[Any]:
         """Called when a batch of input items cannot be pickled: returns the items to send
         anyway (the others are dropped), or raises. A runner raises: the call fails with
         :class:`~easycore.errors.SerializationError` naming the culprit."""
-        what = wire.describe_unpicklable(items)
-        raise SerializationError(
-            f"input item {first}..{first + len(items) - 1} cannot be sent to the producers: "
-            f"{what} is not picklable"
-        ) from error
+        what = f"input item {first}..{first + len(items) - 1}"
+        raise not_picklable_error(what, items, error) from error
 
-    @classmethod
-    def _producer_setup(cls, n_producers: int) -> Any:
+    def _producer_setup(self, n_producers: int) -> Any:
         """A picklable callable ``setup(device)`` run first in each producer, or None."""
-        return None
+        return self._flavour.producer_setup(n_producers, self._start_method)
 
     # ----- life cycle -----
 
@@ -274,8 +237,7 @@ class BaseRunner(RunnerHooks):
         """The input queue while active: ``easycore.shm.empty(..., runner=self)`` leases
         input arrays from its pool."""
         w = self._workers
-        q = getattr(w, "in_q", None) if w is not None and not w.closed else None
-        return q if isinstance(q, Queue) else None  # the Ray backend's input is no Queue
+        return w.input_queue() if w is not None and not w.closed else None
 
     @property
     def is_activate(self) -> bool:
@@ -297,19 +259,6 @@ class BaseRunner(RunnerHooks):
         """int: the base seed; producer ``i`` uses ``seed + i``."""
         return self._seed
 
-    def _queue_sizes(self) -> tuple[int, int]:
-        scale = len(self._devices) * self._queue_scale
-        want_in = int(min(256 << 20, max(4 << 20, (4 << 20) * scale)))
-        want_out = int(min(1 << 30, max(8 << 20, (16 << 20) * scale)))
-        space = shm_space()
-        if space is not None:
-            # Rings and their pools (twice a ring) take at most 3/4 of what is free; the rest
-            # is left to one-shot segments and to other programs.
-            free = space[0]
-            want_in = max(1 << 20, min(want_in, free // 16))
-            want_out = max(1 << 20, min(want_out, free // 6))
-        return want_in, want_out
-
     def _check_owner(self) -> None:
         if os.getpid() != self._owner_pid:
             raise RunnerBusyError(
@@ -317,50 +266,6 @@ class BaseRunner(RunnerHooks):
                 f"it; process {os.getpid()} (a forked child) cannot use it. Make a new runner "
                 "in this process; the parent's runner is unaffected"
             )
-
-    def _spawn_hint(self) -> str:
-        return (
-            f"The start method is {self._start_method!r} ({self._start_reason}); "
-            "start_method='fork' avoids pickling and re-importing, on Linux with CPU devices"
-        )
-
-    def _check_spawnable(self) -> None:
-        """Under spawn/forkserver, fails early and clearly where starting would fail."""
-        if _spawned_child_bootstrapping():
-            msg = (
-                f"easycore: a {type(self).__name__} was created while a {self._start_method} "
-                "child process was importing the main script: the script makes runners at "
-                'import time. Put that code under `if __name__ == "__main__":`. '
-                f"{self._spawn_hint()}\n"
-            )
-            sys.stderr.write(msg)
-            sys.stderr.flush()
-            os._exit(_UNGUARDED_MAIN_EXIT)
-        if self._start_method == "fork":
-            return
-        cls = type(self)
-        try:
-            pickle.dumps(cls)
-        except Exception as e:  # noqa: BLE001 - explained below
-            where = (
-                "is defined inside a function"
-                if "<locals>" in cls.__qualname__
-                else "cannot be imported by name"
-            )
-            raise StartMethodError(
-                f"the runner class {cls.__module__}.{cls.__qualname__} {where}, so producer "
-                "processes cannot import it: define it at module level (in the main script "
-                f"or a module). {self._spawn_hint()}. ({type(e).__name__}: {e})"
-            ) from None
-        try:
-            pickle.dumps(self._cfg)
-        except Exception as e:  # noqa: BLE001 - explained below
-            key = _unpicklable_cfg_key(self._cfg) or "?"
-            raise StartMethodError(
-                f"cfg cannot be sent to the producer processes: cfg.{key} cannot be pickled. "
-                "Keep only picklable values in cfg (build objects such as models or open "
-                f"files in producer_init). {self._spawn_hint()}. ({type(e).__name__}: {e})"
-            ) from None
 
     def activate(self) -> None:
         """Restart all processes if this runner is closed (a no-op while active)."""
@@ -371,112 +276,34 @@ class BaseRunner(RunnerHooks):
             if self._remote is not None:  # producers elsewhere: the same calls on its workers
                 workers = self._remote.start(self)
                 self._workers = workers
-                self._finalizer = weakref.finalize(self, workers.shutdown, self._close_timeout)
-                _LIVE.add(self)
+                self._finalizer = self._finalize_with(workers)
                 return
-            self._check_spawnable()
-            sweep_stale_segments()
-            in_bytes, out_bytes = self._queue_sizes()
-            n = len(self._devices)
-            max_msgs = max(64, self._window + 4 * n)
-            # Large items and results travel zero-copy in pooled segments (at most twice the
-            # ring's bytes by default): /dev/shm use stays within 3 * (in_bytes + out_bytes).
-            # The rings only hold small messages (larger ones go to side segments within the
-            # side budget), and their space is committed and touched at creation: small
-            # rings start in a few ms where rings of the full budget took ~70 ms.
-            in_q = Queue(
-                capacity_bytes=min(in_bytes, _RING_IN),
-                max_messages=max_msgs,
-                side_budget=in_bytes,
+            workers = start_local(
+                LocalStart(
+                    hooks=type(self),
+                    devices=tuple(self._devices),
+                    cfg=self._cfg,
+                    seed=self._seed,
+                    start_method=self._start_method,
+                    start_reason=self._start_reason,
+                    window=self._window,
+                    queue_scale=self._queue_scale,
+                    flavour=self._flavour,
+                    setup=self._producer_setup(len(self._devices)),
+                )
             )
-            out_q = Queue(
-                capacity_bytes=min(out_bytes, _RING_OUT),
-                max_messages=max_msgs,
-                side_budget=out_bytes,
-            )
-            ctx = self._start_context(self._start_method)
-            state = ctx.RawArray("q", _worker.state_size(n))
-            for i in range(n):
-                state[_worker.STATE_FIELDS * i + _worker.ITEM] = -1
-            setup = self._producer_setup(n)
-            procs: list[Any] = []
-            workers = LocalWorkers(procs, self._devices, in_q, out_q, state)
-            workers.out_budget = out_bytes
-            try:
-                for i, dev in enumerate(self._devices):
-                    opts = {
-                        "n": n,
-                        "seed": self._seed,
-                        "start_method": self._start_method,
-                        "state": state,
-                    }
-                    p = ctx.Process(
-                        target=producer_main,
-                        args=(type(self), i, dev, self._cfg, in_q, out_q, os.getpid(), setup, opts),
-                        name=f"easycore-producer-{i}-{dev}",
-                        daemon=False,
-                    )
-                    try:
-                        p.start()
-                    except (pickle.PicklingError, AttributeError, TypeError) as e:
-                        raise StartMethodError(
-                            f"producer {i} could not be started: its arguments cannot be "
-                            f"pickled ({type(e).__name__}: {e}). {self._spawn_hint()}"
-                        ) from e
-                    procs.append(p)
-                self._await_ready(workers)
-            except BaseException:
-                workers.shutdown(timeout=2.0, interrupt=True)
-                raise
-            # Every producer has attached: the names can go, so nothing leaks even on SIGKILL.
-            in_q.unlink()
-            out_q.unlink()
             self._workers = workers
-            self._finalizer = weakref.finalize(self, workers.shutdown, self._close_timeout)
-            _LIVE.add(self)
+            self._finalizer = self._finalize_with(workers)
 
-    def _await_ready(self, workers: LocalWorkers) -> None:
-        codec = self._codec()
-        ready = 0
-        deadline = time.monotonic() + _START_TIMEOUT
-        while ready < len(workers.procs):
-            try:
-                msgs = workers.out_q.get_many(64, timeout=TICK)
-            except QueueEmpty:
-                died = workers.dead()
-                if died is not None:
-                    raise self._start_death(died) from None
-                if time.monotonic() > deadline:
-                    raise EasycoreError(
-                        f"producers did not finish producer_init within {_START_TIMEOUT:.0f} s"
-                    ) from None
-                continue
-            for _seq, kind, parts in msgs:
-                t, _ = wire.unpack_kind(kind)
-                if t == wire.READY:
-                    ready += 1
-                elif t == wire.ERROR:
-                    raise worker_error(codec.loads(parts))
-
-    def _start_death(self, died: WorkerDiedError) -> EasycoreError:
-        """The error for a producer that died before it was ready."""
-        if self._start_method != "fork" and died.exitcode == _UNGUARDED_MAIN_EXIT:
-            return StartMethodError(
-                f"producer processes re-ran the main script and it made a runner again: "
-                'the script has no `if __name__ == "__main__":` guard. Put the code that '
-                f"makes and calls runners under that guard. {self._spawn_hint()}"
-            )
-        msg = str(died).replace(
-            "The runner was closed; call activate() to restart it",
-            "It died while starting (in producer_init or before).",
-        )
-        if self._start_method != "fork" and died.exitcode == 1:
-            msg += (
-                " Under spawn this is often the main script failing when the producer "
-                "re-imports it (see the producer's traceback above): keep work under "
-                f'`if __name__ == "__main__":`. {self._spawn_hint()}'
-            )
-        return WorkerDiedError(msg, pid=died.pid, device=died.device, exitcode=died.exitcode)
+    def _finalize_with(self, workers: Transport) -> weakref.finalize[Any, Any]:
+        """Registers the runner as live (stopped at exit, in order: ``lifecycle``) and
+        returns the finalizer that stops ``workers`` if the runner is dropped unclosed. The
+        finalizer does not run at exit: weakref's exit hook would run before lifecycle's and
+        close a pool's runner (waiting ``close_timeout`` for busy producers) under the pool."""
+        finalizer = weakref.finalize(self, workers.shutdown, self._close_timeout)
+        finalizer.atexit = False
+        lifecycle.register(Stage.RUNNER, self)
+        return finalizer
 
     def close(self) -> None:
         """Shutdown all processes if this runner is alive (``producer_end`` runs in each).
@@ -494,7 +321,7 @@ class BaseRunner(RunnerHooks):
             if self._finalizer is not None:
                 self._finalizer.detach()
                 self._finalizer = None
-            _LIVE.discard(self)
+            lifecycle.discard(Stage.RUNNER, self)
         if workers is None or workers.closed:
             return
         workers.shutdown(self._close_timeout, interrupt=interrupt)
@@ -530,7 +357,7 @@ class BaseRunner(RunnerHooks):
             rb = self._reorder = ReorderBuffer(window)
         return rb
 
-    def _active_workers(self) -> LocalWorkers:
+    def _active_workers(self) -> Transport:
         self._check_owner()
         w = self._workers
         if w is None or w.closed:
@@ -607,7 +434,9 @@ class BaseRunner(RunnerHooks):
             timeout (float, optional): seconds to wait for the next result while items are
                 in flight; when it runs out, :class:`~easycore.errors.RunnerTimeoutError`
                 (a ``TimeoutError``) names the stuck item and producer, and the runner is
-                closed (``activate()`` restarts it).
+                closed (``activate()`` restarts it). A stall limit, not a deadline: a long
+                call that keeps delivering never times out. (The pool's ``timeout=`` is the
+                stdlib's: a deadline for the whole call.)
             read_ahead (bool): False reads an iterator input in the receiving thread, one
                 item at a time and only when no item is in flight: for request/response
                 loops (each input waits for the previous result), it saves the hand-off

@@ -18,16 +18,17 @@ Same API and behaviour, plus:
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from typing import Any
 
 import torch
 import torch.multiprocessing
 
+from easycore._engine.flavour import Flavour
+from easycore._engine.producer import WorkerInfo, worker_info
 from easycore.common.parallel import engine
-from easycore.common.parallel.devices import parse_devices
-from easycore.common.parallel.worker import WorkerInfo, worker_info
+from easycore.common.parallel.devices import cuda_index
 from easycore.errors import InvalidArgument
+from easycore.parallel import executor as _executor
 from easycore.parallel import pool as _pool
 from easycore.parallel import tasks as _tasks
 from easycore.torch.parallel.codec import TorchCodec
@@ -38,14 +39,13 @@ class _TorchSetup:
 
     def __init__(self, n_producers: int, forked: bool = False) -> None:
         self.n_producers = n_producers
-        # Forked: the worker has set one torch thread already (worker._one_torch_thread:
-        # torch's OpenMP pool does not survive a fork), and it stays so.
+        # Forked: the worker has set one torch thread already (process_main's
+        # _one_torch_thread: torch's OpenMP pool does not survive a fork), and it stays so.
         self.forked = forked
 
     def __call__(self, device: str) -> None:
         if device.startswith("cuda"):
-            index = int(device.split(":", 1)[1]) if ":" in device else 0
-            torch.cuda.set_device(index)
+            torch.cuda.set_device(cuda_index(device))
         elif device == "cpu":
             if self.forked:
                 return
@@ -53,61 +53,44 @@ class _TorchSetup:
             torch.set_num_threads(max(1, cores // self.n_producers))
 
 
-def _check_torch_devices(devices: list[str]) -> None:
-    n_cuda = torch.cuda.device_count()
-    for d in devices:
-        if d.startswith("cuda"):
-            index = int(d.split(":", 1)[1]) if ":" in d else 0
-            if index >= n_cuda:
-                raise InvalidArgument(
-                    f"device {d!r} does not exist: this machine has {n_cuda} CUDA device(s)"
-                    + ("" if n_cuda else " (or torch was built without CUDA)")
-                )
-        elif d == "mps" and not torch.backends.mps.is_available():
-            raise InvalidArgument("device 'mps' is not available on this machine")
+class TorchFlavour(Flavour):
+    """The runners on ``torch.multiprocessing`` (see the module)."""
+
+    name = "torch"
+
+    def codec(self) -> TorchCodec:
+        return TorchCodec()
+
+    def start_context(self, method: str) -> Any:
+        return torch.multiprocessing.get_context(method)
+
+    def check_devices(self, devices: list[str]) -> None:
+        n_cuda = torch.cuda.device_count()
+        for d in devices:
+            if d.startswith("cuda"):
+                if cuda_index(d) >= n_cuda:
+                    raise InvalidArgument(
+                        f"device {d!r} does not exist: this machine has {n_cuda} CUDA device(s)"
+                        + ("" if n_cuda else " (or torch was built without CUDA)")
+                    )
+            elif d == "mps" and not torch.backends.mps.is_available():
+                raise InvalidArgument("device 'mps' is not available on this machine")
+
+    def default_start_method(self, requested: str | None) -> str | None:
+        if requested is None and torch.cuda.is_initialized():
+            return "spawn"
+        return requested
+
+    def producer_setup(self, n_producers: int, start_method: str) -> _TorchSetup:
+        return _TorchSetup(n_producers, forked=start_method == "fork")
+
+
+TORCH = TorchFlavour()
 
 
 class BaseRunner(engine.BaseRunner):
     __doc__ = engine.BaseRunner.__doc__
-
-    @staticmethod
-    def _start_context(method: str) -> Any:
-        return torch.multiprocessing.get_context(method)
-
-    def __init__(
-        self,
-        devices: int | Iterable[str],
-        cfg: Any = {},  # noqa: B006 - the manual's signature; never mutated
-        queue_scale: float = 3.0,
-        *,
-        start_method: str | None = None,
-        window: int | None = None,
-        close_timeout: float = 10.0,
-        seed: int | None = None,
-        backend: Any = None,
-    ) -> None:
-        if backend is None or backend == "local":
-            devices = parse_devices(devices)
-            _check_torch_devices(devices)
-            if start_method is None and torch.cuda.is_initialized():
-                start_method = "spawn"
-        super().__init__(
-            devices,
-            cfg,
-            queue_scale,
-            start_method=start_method,
-            window=window,
-            close_timeout=close_timeout,
-            seed=seed,
-            backend=backend,
-        )
-
-    @classmethod
-    def _codec(cls) -> TorchCodec:
-        return TorchCodec()
-
-    def _producer_setup(self, n_producers: int) -> _TorchSetup:  # type: ignore[override]
-        return _TorchSetup(n_producers, forked=self.start_method == "fork")
+    _flavour = TORCH
 
 
 class UnorderedRunner(BaseRunner):
@@ -136,8 +119,8 @@ class Pool(_pool.Pool):
     _runner_cls = _TorchTaskRunner
 
 
-class PoolExecutor(_pool.PoolExecutor):
-    __doc__ = _pool.PoolExecutor.__doc__
+class PoolExecutor(_executor.PoolExecutor):
+    __doc__ = _executor.PoolExecutor.__doc__
     _pool_cls = Pool
 
 

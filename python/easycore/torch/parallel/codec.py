@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from easycore.common.parallel.wire import Codec
+from easycore._engine.wire import Codec
 
 _VIEW_AS = {
     torch.bfloat16: torch.int16,

@@ -9,7 +9,8 @@ import threading
 from typing import Any
 
 from easycore._core import retire_identity
-from easycore.common.parallel.producers import INTERRUPT_GRACE_S, LIVE_WORKERS
+from easycore._engine import lifecycle
+from easycore._engine.lifecycle import INTERRUPT_GRACE_S, Stage
 
 _SIGTERM_PREVIOUS: Any = None
 
@@ -17,7 +18,7 @@ _SIGTERM_PREVIOUS: Any = None
 def _on_sigterm(signum: int, frame: Any) -> None:
     """SIGTERM to the caller: stop every runner's producers and release their shared
     memory, then die of SIGTERM as the previous (default) disposition would have."""
-    for w in list(LIVE_WORKERS):
+    for w in lifecycle.live(Stage.PRODUCERS):
         try:
             w.shutdown(INTERRUPT_GRACE_S, interrupt=True)
         except BaseException:  # noqa: BLE001 - dying anyway; kill what is left

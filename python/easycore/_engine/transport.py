@@ -1,6 +1,14 @@
-"""The producers of an active runner as the call sees them (:class:`WorkerSet`): local
-processes and their two queues (:class:`LocalWorkers`), or the Ray backend's actors; how they
-are stopped (goodbyes collected, then terminate, then kill) and how a death is described."""
+"""The transport: how a stream reaches the producers of an active runner (:class:`Transport`),
+with the shutdown sequence every transport shares; its local implementation over two
+shared-memory queues and producer processes (:class:`LocalWorkers`). The Ray backend's
+actors are the other implementation (``easycore.ray._backend.RayWorkers``).
+
+A transport sends batches (:meth:`~Transport.send`, never blocking: ``QueueFull`` when the
+producers have enough), receives results and error reports (:meth:`~Transport.receive`),
+lets the caller's input reader wake the receiver (:meth:`~Transport.wake`), detects and
+describes a producer's death (:meth:`~Transport.dead`, :meth:`~Transport.exited`), and stops
+(:meth:`~Transport.shutdown`: goodbyes collected, then terminate, then kill). Messages are
+``(seq, kind, parts)`` (``wire.py``) both ways."""
 
 from __future__ import annotations
 
@@ -8,19 +16,21 @@ import os
 import select
 import signal
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from easycore._core import Queue, sweep_dead_pids
-from easycore.common.parallel import wire
-from easycore.common.parallel import worker as _worker
+from easycore._engine import lifecycle, wire
+from easycore._engine import process_main as _worker
+from easycore._engine.lifecycle import INTERRUPT_GRACE_S, Stage
 from easycore.errors import (
+    RUNNER_CLOSED,
     QueueClosed,
     QueueEmpty,
     QueueFull,
     WorkerDiedError,
 )
 
-INTERRUPT_GRACE_S = 2.0  # after an interrupt, time left for producer_end before a kill
 _STOP_POLL_S = 0.1  # seconds between looks at the producers while they stop
 
 
@@ -31,17 +41,45 @@ def _signal_name(code: int) -> str:
         return f"signal {code}"
 
 
-LIVE_WORKERS: set[WorkerSet] = set()  # not yet shut down; stopped at exit and on SIGTERM
-
-
-class WorkerSet:
-    """What a call needs of an active runner's producers (local processes, or the Ray
-    backend's actors), and the shutdown sequence they share. Subclasses set ``closed`` and
-    ``owner_pid``, add themselves to ``LIVE_WORKERS`` and implement ``_stop`` and
-    ``kill_now``."""
+class Transport:
+    """What a stream needs of an active runner's producers, and the shutdown sequence every
+    transport shares. Implementations set the attributes below, register with
+    ``lifecycle`` (``Stage.PRODUCERS``) and implement the methods that raise here."""
 
     closed: bool
     owner_pid: int
+    procs: Sequence[Any]  # per producer, something with a ``pid``
+    #: what each producer works on: ``producer.STATE_FIELDS`` words each (see producer.py)
+    view: Any
+    out_budget: int  # bytes of results the way back holds: a stream keeps twice that in flight
+    end_errors: list[dict[str, Any]]  # producer_end's error reports, after shutdown
+
+    def send(self, seq: int, kind: int, parts: list[Any]) -> None:
+        """Sends one batch without blocking; ``QueueFull`` if the producers have enough."""
+        raise NotImplementedError
+
+    def receive(
+        self, max_messages: int, block: bool = True, timeout: float | None = None
+    ) -> list[tuple[int, int, list[Any]]]:
+        """Up to ``max_messages`` messages from the producers (or :meth:`wake`), waiting at most
+        ``timeout``: ``QueueEmpty`` if none came, ``QueueClosed`` once stopped."""
+        raise NotImplementedError
+
+    def wake(self, call: int) -> None:
+        """Wakes the thread blocked in :meth:`receive` (a ``WAKE`` message of ``call``)."""
+        raise NotImplementedError
+
+    def wait_seconds(self) -> tuple[float, float]:
+        """Seconds spent so far waiting to send and waiting to receive."""
+        return 0.0, 0.0
+
+    def input_queue(self) -> Queue | None:
+        """The shared-memory queue batches travel on (``easycore.shm``'s ``runner=``)."""
+        return None
+
+    def drain_input(self) -> None:
+        """Discards the work no producer has taken yet (after a failed call)."""
+        raise NotImplementedError
 
     def mine(self) -> bool:
         """Whether this process made the producers (a forked child must not touch them)."""
@@ -79,7 +117,7 @@ class WorkerSet:
         except BaseException:
             self.kill_now()
             raise
-        LIVE_WORKERS.discard(self)
+        lifecycle.discard(Stage.PRODUCERS, self)
 
 
 def _forget_dead(procs: list[Any]) -> None:
@@ -88,12 +126,18 @@ def _forget_dead(procs: list[Any]) -> None:
     sweep_dead_pids([p.pid for p in procs if p.pid and p.exitcode is not None])
 
 
-class LocalWorkers(WorkerSet):
+class LocalWorkers(Transport):
     """The processes and queues of an active runner; closes them without a runner reference
     (so it can run from a finalizer, at exit or from a signal handler)."""
 
     def __init__(
-        self, procs: list[Any], devices: list[str], in_q: Queue, out_q: Queue, state: Any
+        self,
+        procs: list[Any],
+        devices: list[str],
+        in_q: Queue,
+        out_q: Queue,
+        state: Any,
+        out_budget: int,
     ) -> None:
         self.procs = procs
         self.devices = devices
@@ -104,10 +148,11 @@ class LocalWorkers(WorkerSet):
         self.closed = False
         self.end_errors: list[dict[str, Any]] = []
         self.owner_pid = os.getpid()
-        self.out_budget = out_q.ring_size  # bytes of results the output queue may hold
+        self.out_budget = out_budget
+        self.receive = out_q.get_many  # type: ignore[method-assign]  # no frame
         self._exit_poll: select.poll | None = None  # on the sentinels of the first _polled
         self._polled = 0
-        LIVE_WORKERS.add(self)
+        lifecycle.register(Stage.PRODUCERS, self)
 
     def exited(self) -> bool:
         """Whether a producer has exited: one poll(2) on their sentinels, which become
@@ -131,14 +176,29 @@ class LocalWorkers(WorkerSet):
                     else f"exited with code {code}"
                 )
                 hint = " (out of memory?)" if code == -signal.SIGKILL else ""
-                return WorkerDiedError(
-                    f"producer {i} (device {self.devices[i]!r}, pid {p.pid}) died: {how}{hint}. "
-                    "The runner was closed; call activate() to restart it",
+                return WorkerDiedError.of(
+                    f"producer {i} (device {self.devices[i]!r}, pid {p.pid}) died: {how}{hint}",
+                    RUNNER_CLOSED,
                     pid=p.pid or 0,
                     device=self.devices[i],
                     exitcode=code,
                 )
         return None
+
+    def send(self, seq: int, kind: int, parts: list[Any]) -> None:
+        self.in_q.put(seq, kind, parts, block=False)
+
+    def wake(self, call: int) -> None:
+        try:
+            self.out_q.put(0, wire.pack_kind(wire.WAKE, call), [b""], timeout=1.0)
+        except (QueueFull, QueueClosed):
+            pass  # the receiver wakes on its tick anyway
+
+    def wait_seconds(self) -> tuple[float, float]:
+        return self.in_q.wait_seconds, self.out_q.wait_seconds
+
+    def input_queue(self) -> Queue | None:
+        return self.in_q
 
     def drain_input(self) -> None:
         """Discards work nobody has taken yet."""
@@ -177,7 +237,7 @@ class LocalWorkers(WorkerSet):
             except AssertionError:
                 pass
         _forget_dead(self.procs)
-        LIVE_WORKERS.discard(self)
+        lifecycle.discard(Stage.PRODUCERS, self)
 
     def _release(self) -> None:
         self.in_q.close()
@@ -212,7 +272,7 @@ class LocalWorkers(WorkerSet):
             for _seq, kind, parts in msgs:
                 if wire.unpack_kind(kind)[0] == wire.BYE:
                     byes += 1
-                    _, err = codec.loads(parts)
+                    err = codec.loads(parts)
                     if err is not None:
                         self.end_errors.append(err)
         self._release()

@@ -1,0 +1,131 @@
+"""Where arrays born in shared memory come from: in a producer, the output queue's pool; in
+the caller, a runner's input queue's pool (``runner=``).
+
+The worker names its output queue here (:func:`set_target`); the allocators
+(:mod:`easycore.shm`, :mod:`easycore.torch.shm`) lease pooled segments of it
+(:func:`lease`), and a result that lies in one travels by reference: the queue's ``put``
+hands the segment to the consumer instead of copying it. Given a runner
+(:func:`runner_queue`), they lease from its input queue instead, and the caller's input items
+travel to the producers the same way. After each send the worker (and the caller's engine)
+calls :func:`after_send`, which marks the arrays that were sent read-only, so that writing
+into a sent array raises instead of changing what the other side reads.
+
+No numpy here: the worker imports this module whether or not numpy is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+from typing import Any
+
+from easycore._core import Queue, ShmLease, shm_space
+
+_target: Queue | None = None
+# Pooled segments of the largest size asked for that the target's pool should have room for
+# (set with the target: a few per producer).
+_depth = 0
+# (the array handed out, its lease), weakly: an array dropped unsent frees its lease.
+_live: list[tuple[weakref.ref[Any], weakref.ref[ShmLease]]] = []
+# The caller's engine calls after_send from its sending thread while the caller allocates.
+_live_lock = threading.Lock()
+
+
+def _after_fork_in_child() -> None:
+    # A fork taken while another thread held the lock would leave it held forever.
+    global _live_lock
+    _live_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def set_target(q: Queue | None, producers: int = 1) -> None:
+    """The queue whose pool the allocators lease from in this process (None: none), shared
+    by ``producers`` processes: its pool grows to hold ``2 * producers + 2`` of the largest
+    arrays asked for (see :func:`make_room`)."""
+    global _target, _depth
+    _target = q
+    _depth = 2 * max(1, producers) + 2
+    _live.clear()
+
+
+def make_room(q: Queue, nbytes: int, depth: int) -> None:
+    """Grows ``q``'s pool cap (it never shrinks) so that ``depth`` segments of ``nbytes`` fit
+    beside what it holds: each producer building one, one in flight, and a few the consumer
+    holds. Bounded by a quarter of /dev/shm's free space (plus what the pool holds now), so
+    that large results do not find the pool full for want of a cap sized for small ones."""
+    slot = nbytes + nbytes // 16 + 4096  # a segment's size, rounded up as the pool does
+    used, cap = q.pool_bytes()
+    want = depth * slot
+    if want <= cap:
+        return
+    space = shm_space()
+    if space is not None:
+        want = min(want, used + space[0] // 4)
+    if want > cap:
+        q.grow_pool(want)
+
+
+def runner_queue(runner: Any) -> tuple[Queue | None, int]:
+    """The input queue of ``runner`` (a runner or a :class:`~easycore.parallel.Pool`), whose
+    pool the caller's input arrays are leased from (None when it is closed), and how many of
+    the largest arrays its pool should hold (a few per producer)."""
+    r = getattr(runner, "_runner", runner)  # a Pool wraps a runner
+    get = getattr(r, "_input_queue", None)
+    if get is None:
+        raise TypeError(f"runner= takes an easycore runner or Pool, not {type(runner).__name__}")
+    q: Queue | None = get()
+    return q, 2 * len(r.devices) + 2
+
+
+def lease(nbytes: int, runner: Any = None) -> ShmLease | None:
+    """A lease of ``nbytes`` from the target queue's pool (given ``runner``: from its input
+    queue's), or None when there is no queue, ``nbytes`` is below the pool's threshold
+    (copying is cheaper), or the pool has no room (never waits for room)."""
+    if runner is None:
+        q, depth = _target, _depth
+    else:
+        q, depth = runner_queue(runner)
+    if q is None or nbytes < q.pool_min or q.closed:
+        return None
+    try:
+        make_room(q, nbytes, depth)
+        return q.lease(nbytes, timeout=1.0)
+    except Exception:  # noqa: BLE001 - any failure: the caller uses private memory
+        return None
+
+
+def track(obj: Any, held: ShmLease) -> None:
+    """Remembers that ``obj`` (an array or tensor) was built on ``held``, so that
+    :func:`after_send` can mark it read-only once the lease is sent."""
+    with _live_lock:
+        _live.append((weakref.ref(obj), weakref.ref(held)))
+
+
+def after_send() -> None:
+    """Marks the arrays whose leases were sent read-only, and forgets dropped ones."""
+    if not _live:
+        return
+    with _live_lock:
+        _mark_sent()
+
+
+def _mark_sent() -> None:
+    keep = []
+    for obj_ref, lease_ref in _live:
+        held = lease_ref()
+        if held is None:
+            continue
+        if not held.sent:
+            keep.append((obj_ref, lease_ref))
+            continue
+        obj = obj_ref()
+        flags = getattr(obj, "flags", None)
+        if flags is not None:
+            try:
+                flags.writeable = False
+            except (ValueError, AttributeError):
+                pass
+    _live[:] = keep

@@ -1,0 +1,236 @@
+"""Local producers: the two shared-memory queues, one process per device running
+``process_main.producer_main``, and the wait until each ran ``producer_init``
+(:func:`start_local`, configured by a frozen :class:`LocalStart`). Start-up failures are
+explained here: a runner class or cfg that spawn cannot send, a main script without a
+``__main__`` guard, a producer that died while starting."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from easycore._core import Queue, shm_space, sweep_stale_segments
+from easycore._engine import producer as _producer
+from easycore._engine import wire
+from easycore._engine.flavour import Flavour
+from easycore._engine.lifecycle import TICK
+from easycore._engine.process_main import producer_main
+from easycore._engine.reports import worker_error
+from easycore._engine.transport import LocalWorkers
+from easycore.errors import EasycoreError, QueueEmpty, StartMethodError, WorkerDiedError
+
+_START_TIMEOUT = 600.0  # a producer_init taking longer than this is reported as stuck
+_RING_IN = 4 << 20  # ring bytes of the input queue (larger items use side segments)
+_RING_OUT = 8 << 20  # ring bytes of the output queue
+_UNGUARDED_MAIN_EXIT = 87  # exit code of a spawned child that re-ran an unguarded script
+
+
+def _spawned_child_bootstrapping() -> bool:
+    """Whether this process is a spawn/forkserver child still importing the main script
+    (so the script runs its runner-making code again: no ``__main__`` guard)."""
+    proc = multiprocessing.process.current_process()
+    return bool(getattr(proc, "_inheriting", False))
+
+
+def _unpicklable_cfg_key(cfg: Any) -> str:
+    """Names the first key of cfg whose value cannot be pickled."""
+    for k, v in cfg.items():
+        try:
+            pickle.dumps(v)
+        except Exception as e:  # noqa: BLE001 - describing the failure
+            if isinstance(v, dict):
+                inner = _unpicklable_cfg_key(v)
+                if inner:
+                    return f"{k}.{inner}"
+            return f"{k} (an object of type {type(v).__qualname__}: {e})"
+    return ""
+
+
+@dataclass(frozen=True)
+class LocalStart:
+    """How to start a runner's local producers.
+
+    Attributes:
+        hooks: the runner class (pickled to spawned producers; its hooks run there).
+        devices: one device per producer.
+        cfg: the runner's cfg (each producer gets its own copy).
+        seed: the base seed (producer ``i`` uses ``seed + i``).
+        start_method: ``"fork"``, ``"spawn"`` or ``"forkserver"``; start_reason: why.
+        window: the most items in flight (sizes the queues' message slots).
+        queue_scale: scales the queues' byte budgets with the number of producers.
+        flavour: the codec and the start context.
+        setup: ``setup(device)`` run first in each producer, or None.
+    """
+
+    hooks: Any
+    devices: tuple[str, ...]
+    cfg: Any
+    seed: int
+    start_method: str
+    start_reason: str
+    window: int
+    queue_scale: float
+    flavour: Flavour
+    setup: Callable[[str], Any] | None
+
+    def spawn_hint(self) -> str:
+        """What the start method is, and why, for errors."""
+        return (
+            f"The start method is {self.start_method!r} ({self.start_reason}); "
+            "start_method='fork' avoids pickling and re-importing, on Linux with CPU devices"
+        )
+
+    def queue_sizes(self) -> tuple[int, int]:
+        scale = len(self.devices) * self.queue_scale
+        want_in = int(min(256 << 20, max(4 << 20, (4 << 20) * scale)))
+        want_out = int(min(1 << 30, max(8 << 20, (16 << 20) * scale)))
+        space = shm_space()
+        if space is not None:
+            # Rings and their pools (twice a ring) take at most 3/4 of what is free; the rest
+            # is left to one-shot segments and to other programs.
+            free = space[0]
+            want_in = max(1 << 20, min(want_in, free // 16))
+            want_out = max(1 << 20, min(want_out, free // 6))
+        return want_in, want_out
+
+    def check_spawnable(self) -> None:
+        """Under spawn/forkserver, fails early and clearly where starting would fail."""
+        if _spawned_child_bootstrapping():
+            msg = (
+                f"easycore: a {self.hooks.__name__} was created while a {self.start_method} "
+                "child process was importing the main script: the script makes runners at "
+                'import time. Put that code under `if __name__ == "__main__":`. '
+                f"{self.spawn_hint()}\n"
+            )
+            sys.stderr.write(msg)
+            sys.stderr.flush()
+            os._exit(_UNGUARDED_MAIN_EXIT)
+        if self.start_method == "fork":
+            return
+        cls = self.hooks
+        try:
+            pickle.dumps(cls)
+        except Exception as e:  # noqa: BLE001 - explained below
+            where = (
+                "is defined inside a function"
+                if "<locals>" in cls.__qualname__
+                else "cannot be imported by name"
+            )
+            raise StartMethodError(
+                f"the runner class {cls.__module__}.{cls.__qualname__} {where}, so producer "
+                "processes cannot import it: define it at module level (in the main script "
+                f"or a module). {self.spawn_hint()}. ({type(e).__name__}: {e})"
+            ) from None
+        try:
+            pickle.dumps(self.cfg)
+        except Exception as e:  # noqa: BLE001 - explained below
+            key = _unpicklable_cfg_key(self.cfg) or "?"
+            raise StartMethodError(
+                f"cfg cannot be sent to the producer processes: cfg.{key} cannot be pickled. "
+                "Keep only picklable values in cfg (build objects such as models or open "
+                f"files in producer_init). {self.spawn_hint()}. ({type(e).__name__}: {e})"
+            ) from None
+
+
+def start_local(start: LocalStart) -> LocalWorkers:
+    """Starts the producers and waits until each ran ``producer_init``; on any failure,
+    stops what started and raises."""
+    start.check_spawnable()
+    sweep_stale_segments()
+    in_bytes, out_bytes = start.queue_sizes()
+    n = len(start.devices)
+    max_msgs = max(64, start.window + 4 * n)
+    # Large items and results travel zero-copy in pooled segments (at most twice the
+    # ring's bytes by default): /dev/shm use stays within 3 * (in_bytes + out_bytes).
+    # The rings only hold small messages (larger ones go to side segments within the
+    # side budget), and their space is committed and touched at creation: small
+    # rings start in a few ms where rings of the full budget took ~70 ms.
+    in_q = Queue(
+        capacity_bytes=min(in_bytes, _RING_IN),
+        max_messages=max_msgs,
+        side_budget=in_bytes,
+    )
+    out_q = Queue(
+        capacity_bytes=min(out_bytes, _RING_OUT),
+        max_messages=max_msgs,
+        side_budget=out_bytes,
+    )
+    ctx = start.flavour.start_context(start.start_method)
+    state = ctx.RawArray("q", _producer.state_size(n))
+    for i in range(n):
+        state[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
+    procs: list[Any] = []
+    workers = LocalWorkers(procs, list(start.devices), in_q, out_q, state, out_bytes)
+    try:
+        for i, dev in enumerate(start.devices):
+            opts = {"n": n, "seed": start.seed, "start_method": start.start_method, "state": state}
+            p = ctx.Process(
+                target=producer_main,
+                args=(start.hooks, i, dev, start.cfg, in_q, out_q, os.getpid(), start.setup, opts),
+                name=f"easycore-producer-{i}-{dev}",
+                daemon=False,
+            )
+            try:
+                p.start()
+            except (pickle.PicklingError, AttributeError, TypeError) as e:
+                raise StartMethodError(
+                    f"producer {i} could not be started: its arguments cannot be "
+                    f"pickled ({type(e).__name__}: {e}). {start.spawn_hint()}"
+                ) from e
+            procs.append(p)
+        _await_ready(start, workers)
+    except BaseException:
+        workers.shutdown(timeout=2.0, interrupt=True)
+        raise
+    # Every producer has attached: the names can go, so nothing leaks even on SIGKILL.
+    in_q.unlink()
+    out_q.unlink()
+    return workers
+
+
+def _await_ready(start: LocalStart, workers: LocalWorkers) -> None:
+    codec = start.flavour.codec()
+    ready = 0
+    deadline = time.monotonic() + _START_TIMEOUT
+    while ready < len(workers.procs):
+        try:
+            msgs = workers.receive(64, timeout=TICK)
+        except QueueEmpty:
+            died = workers.dead()
+            if died is not None:
+                raise _start_death(start, died) from None
+            if time.monotonic() > deadline:
+                raise EasycoreError(
+                    f"producers did not finish producer_init within {_START_TIMEOUT:.0f} s"
+                ) from None
+            continue
+        for _seq, kind, parts in msgs:
+            t, _ = wire.unpack_kind(kind)
+            if t == wire.READY:
+                ready += 1
+            elif t == wire.ERROR:
+                raise worker_error(codec.loads(parts))
+
+
+def _start_death(start: LocalStart, died: WorkerDiedError) -> EasycoreError:
+    """The error for a producer that died before it was ready."""
+    if start.start_method != "fork" and died.exitcode == _UNGUARDED_MAIN_EXIT:
+        return StartMethodError(
+            f"producer processes re-ran the main script and it made a runner again: "
+            'the script has no `if __name__ == "__main__":` guard. Put the code that '
+            f"makes and calls runners under that guard. {start.spawn_hint()}"
+        )
+    then = "It died while starting (in producer_init or before)."
+    if start.start_method != "fork" and died.exitcode == 1:
+        then += (
+            " Under spawn this is often the main script failing when the producer "
+            "re-imports it (see the producer's traceback above): keep work under "
+            f'`if __name__ == "__main__":`. {start.spawn_hint()}'
+        )
+    return died.then(then)

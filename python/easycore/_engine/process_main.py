@@ -1,0 +1,203 @@
+"""The producer process: runs ``producer_init``, then ``producer_work`` on every item it
+gets from the input queue, and ``producer_end`` when told to stop.
+
+It never outlives its caller, and it cleans up after a caller that was killed:
+
+* first thing, it starts a watchdog thread (in Rust, ``easycore._core.exit_when_dead``) that
+  blocks on the caller's liveness token, which the kernel releases the instant the caller dies
+  (whatever kills it, whichever thread made the runner, under every start method). The
+  watchdog then removes every shared-memory name the caller owned (the queues' pooled
+  segments) and ends the producer at once. Nothing is polled, and ``kill(pid, 0)`` is never
+  trusted;
+* it also checks the caller's token between batches and while idle, and exits if it is gone.
+
+It ignores SIGINT, so Ctrl-C in a terminal reaches only the caller, which then stops the
+producers itself: SIGUSR1 makes a producer drop the batch it is working on (an exception
+raised in ``producer_work``), when the caller's shared ``abort_below`` word says so. SIGTERM
+keeps its default action (the caller's own SIGTERM handler is not inherited).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Any
+
+from easycore._core import Queue, exit_when_dead, owner_alive, retire_identity
+from easycore._engine import leases, wire
+from easycore._engine.producer import (
+    Interrupted,
+    ProducerCore,
+)
+from easycore._engine.reports import error_report
+from easycore.errors import QueueClosed, QueueEmpty, QueueFull, SharedMemoryError
+
+_PARENT_CHECK_S = 0.5
+
+
+def ignore_signal(signum: int) -> None:
+    """Sets ``signum`` to SIG_IGN without CPython's "Signal N ignored due to race condition".
+
+    ``signal.signal`` runs the pending handlers, then changes the disposition. A signal that
+    arrives in between is caught by the C handler but finds SIG_IGN as its Python handler,
+    and CPython prints that message on stderr (measured: 11 in 200,000 changes under a
+    stream of signals). Blocked while the disposition changes, such a signal stays with the
+    kernel, which discards it once SIG_IGN is set (POSIX). (easycore's own threads in this
+    process block every signal, so none can take it meanwhile.)"""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signum})
+    try:
+        signal.signal(signum, signal.SIG_IGN)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+
+
+INTERRUPT_SIGNAL = signal.SIGUSR1
+
+
+def _one_torch_thread() -> None:
+    """In a forked producer whose caller had imported torch: one torch thread, as
+    DataLoader's forked workers use. torch's OpenMP thread pool does not survive a fork: if
+    the caller had used it, the child's copy refers to threads that do not exist there, and
+    the child's first operation on several threads waits for them forever. (A torch first
+    imported in the producer starts clean; ``producer_init`` may raise the count, at that
+    risk.)"""
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        try:
+            torch.set_num_threads(1)
+        except Exception:  # noqa: BLE001 - a broken torch must not stop the producer
+            pass
+
+
+def _put(out_q: Queue, seq: int, kind: int, parts: list[Any], parent_alive: Any) -> bool:
+    """Puts a message, giving up (False) if the caller disappears while the queue is full."""
+    while True:
+        try:
+            out_q.put(seq, kind, parts, timeout=_PARENT_CHECK_S)
+            return True
+        except QueueFull:
+            if not parent_alive():
+                return False
+        except QueueClosed:
+            return False
+
+
+def _send(out_q: Queue, codec: wire.Codec, seq: int, kind: int, obj: Any, alive: Any) -> bool:
+    return _put(out_q, seq, kind, codec.dumps(obj), alive)
+
+
+def _parent_check(owner: str | None, parent_pid: int) -> Any:
+    """An ``alive()`` test of the caller: its liveness token (the queues' owner), which the
+    kernel vouches for whatever the start method (under forkserver the parent process is the
+    fork server, not the caller). Falls back to the parent pid without a token."""
+    if owner is None:
+        return lambda: os.getppid() == parent_pid
+    return lambda: owner_alive(owner)
+
+
+def producer_main(
+    runner_cls: Any,
+    index: int,
+    device: str,
+    cfg: Any,
+    in_q: Queue,
+    out_q: Queue,
+    parent_pid: int,
+    setup: Any = None,
+    options: dict[str, Any] | None = None,
+) -> None:
+    """Entry point of a producer process.
+
+    Args:
+        runner_cls: the user's runner class (its static hooks are called).
+        index: this producer's position in ``devices``.
+        device: the device string, passed to every hook.
+        cfg: this producer's own copy of the runner's cfg.
+        in_q, out_q: the shared-memory queues (attached on unpickling under spawn).
+        parent_pid: the caller's pid; the producer exits when it is gone.
+        setup: optional callable ``setup(device)`` run first (torch flavour: CUDA device,
+            thread counts).
+        options: ``n`` (number of producers), ``seed`` (this producer's seed),
+            ``start_method`` and ``state``
+            (the shared state array: what each producer works on, and ``abort_below``).
+    """
+    opts = options or {}
+    ignore_signal(signal.SIGINT)
+    ignore_signal(INTERRUPT_SIGNAL)
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the caller's handler came with fork
+    owner = in_q.owner  # the caller: it created the queues
+    if owner is not None:
+        # Returns at once; if the caller dies, removes its names and ends this process.
+        exit_when_dead(owner)
+    alive = _parent_check(owner, parent_pid)
+    if not alive():
+        return
+    n = int(opts.get("n", 1))
+    core = ProducerCore(
+        runner_cls, index, n, device, cfg, int(opts.get("seed", 0)), setup, opts.get("state")
+    )
+    core.begin(os.getpid())
+    if opts.get("start_method") == "fork":
+        _one_torch_thread()
+    codec = core.codec
+    # easycore.shm's allocators lease from the output queue's pool in this process.
+    leases.set_target(out_q, producers=n)
+    report = core.init()
+    if report is not None:
+        _send(out_q, codec, index, wire.ERROR, report, alive)
+        return
+    _put(out_q, index, wire.READY, [b""], alive)
+
+    def on_interrupt(signum: int, frame: Any) -> None:
+        if core.interrupted():
+            raise Interrupted
+
+    signal.signal(INTERRUPT_SIGNAL, on_interrupt)
+    while True:
+        try:
+            seq, kind, parts = in_q.get(timeout=_PARENT_CHECK_S)
+        except QueueEmpty:
+            if not alive():
+                return  # orphaned: the caller died without closing us
+            continue
+        except QueueClosed:
+            break
+        except Interrupted:
+            continue
+        msg_type, call = wire.unpack_kind(kind)
+        if msg_type == wire.STOP:
+            break
+        if msg_type != wire.WORK:
+            continue
+        try:
+            t, out, first = core.run(call, parts, in_q.wait_seconds + out_q.wait_seconds)
+            del parts
+            if t == wire.ERROR:
+                _send(out_q, codec, seq, wire.pack_kind(wire.ERROR, call), out, alive)
+                continue
+            try:
+                sent = _put(out_q, seq, wire.pack_kind(wire.RESULT, call), out, alive)
+            except (SharedMemoryError, OSError) as e:
+                # /dev/shm full or mmap refused: tell the caller how much was asked and
+                # what is free (the queue's message says it) instead of dying.
+                err = error_report("producer_work", device, first, e, "shared_memory")
+                _send(out_q, codec, seq, wire.pack_kind(wire.ERROR, call), err, alive)
+                continue
+            del out
+            leases.after_send()  # arrays sent by reference become read-only
+            if not sent or not alive():
+                return
+        except Interrupted:
+            continue  # the caller gave up on this call: drop the batch, wait for the next
+
+    ignore_signal(INTERRUPT_SIGNAL)  # an interrupt for work already done may arrive now
+    end_error = core.end()
+    _send(out_q, codec, index, wire.BYE, end_error, alive)
+    if opts.get("start_method") == "fork":
+        # A forked multiprocessing child leaves by os._exit, which skips the C atexit hook
+        # that removes this process's liveness token (/dev/shm/ec.<pid>-<nonce>.live): every
+        # forked producer left one behind until the next sweep. Its work is done and said
+        # (BYE), and the caller judges its exit by the process, not the token: retire it now.
+        retire_identity()

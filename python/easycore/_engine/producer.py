@@ -1,0 +1,320 @@
+"""One producer core: what a producer does wherever it runs, a local process
+(``easycore._engine.process_main``) or a Ray actor (``easycore.ray._actor``).
+
+:class:`ProducerCore` seeds the random generators and says who it is (:func:`worker_info`),
+runs the flavour's device set-up and ``producer_init`` (:meth:`~ProducerCore.init`), one
+batch of ``producer_work`` at a time (:meth:`~ProducerCore.run`), and ``producer_end``
+(:meth:`~ProducerCore.end`). Every failure becomes an error report (``reports.py``) for the
+caller, never an exception of the core: a hook that raised, an item that cannot be
+unpickled, a result that cannot be pickled. Its host moves the messages (``(seq, kind,
+parts)``, see ``wire.py``) and watches its caller.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from easycore._engine import lifecycle, wire
+from easycore._engine.reports import error_report, not_picklable_report
+
+# Layout of the shared state array of local producers: ``STATE_FIELDS`` int64 words per
+# producer, then one global word (``abort_below``). Per producer: the call and item being
+# worked on (ITEM -1: idle), when its batch started, and COUNT: 1 when ITEM is tracked item by
+# item, else the batch's size (ITEM is then its first item: large batches are only made of
+# cheap items, which are not worth a store each).
+STATE_FIELDS = 4
+CALL, ITEM, SINCE_NS, COUNT = 0, 1, 2, 3
+_TRACK_ITEMS = 8  # batches of at most this many items are tracked item by item
+
+
+def state_size(n_producers: int) -> int:
+    """Number of int64 words of the shared state array for ``n_producers``."""
+    return STATE_FIELDS * n_producers + 1  # the last word: abort_below
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """Who the current producer is (see :func:`worker_info`).
+
+    Attributes:
+        index (int): this producer's position in the runner's ``devices`` (0-based).
+        num_producers (int): how many producers the runner has.
+        device (str): this producer's device.
+        seed (int): the seed given to ``random``, numpy and torch in this producer
+            (the runner's ``seed`` plus ``index``).
+        pid (int): this producer's process id.
+    """
+
+    index: int
+    num_producers: int
+    device: str
+    seed: int
+    pid: int
+
+
+_INFO: WorkerInfo | None = None
+
+
+def worker_info() -> WorkerInfo | None:
+    """Which producer runs the current hook: a :class:`WorkerInfo` inside a producer process
+    (in ``producer_init``, ``producer_work`` and ``producer_end``), None elsewhere (in the
+    caller and in the consumer hooks).
+
+    Example::
+
+        @staticmethod
+        def producer_work(device, cfg, data):
+            info = worker_info()
+            return data, info.index, info.num_producers
+    """
+    return _INFO
+
+
+class Interrupted(BaseException):
+    """Raised in a producer by its caller's interrupt: drop the current batch."""
+
+
+class ProducerHooks(Protocol):
+    """What a producer uses of the runner class: the three producer hooks, the flavour's
+    codec and, optionally, a fixer for results that do not pickle."""
+
+    @staticmethod
+    def producer_init(device: str, cfg: Any) -> None: ...
+    @staticmethod
+    def producer_work(device: str, cfg: Any, data: Any) -> Any: ...
+    @staticmethod
+    def producer_end(device: str, cfg: Any) -> None: ...
+    @classmethod
+    def _codec(cls) -> wire.Codec: ...
+    @staticmethod
+    def _fix_unsendable(results: list[Any], device: str) -> list[Any] | None:
+        """The results of a batch that did not pickle, the culprits replaced by error
+        reports (the pool's: one bad result fails only its own call); None: no fix."""
+
+
+def seed_all(seed: int, done: set[str]) -> None:
+    """Seeds ``random`` and, where they are imported, numpy and torch (each once)."""
+    if "random" not in done:
+        random.seed(seed)
+        done.add("random")
+    np = sys.modules.get("numpy")
+    if np is not None and "numpy" not in done:
+        try:
+            np.random.seed(seed % (1 << 32))
+        except Exception:  # noqa: BLE001 - a broken numpy must not stop the producer
+            pass
+        done.add("numpy")
+    torch = sys.modules.get("torch")
+    if torch is not None and "torch" not in done and hasattr(torch, "manual_seed"):
+        try:
+            torch.manual_seed(seed)
+        except Exception:  # noqa: BLE001
+            pass
+        done.add("torch")
+
+
+class SeedOnImport:
+    """A ``sys.meta_path`` finder that seeds numpy or torch right after a hook first imports
+    them in a producer (importing them up front would slow every producer's start)."""
+
+    def __init__(self, seed: int, done: set[str]) -> None:
+        self.seed = seed
+        self.done = done
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in ("numpy", "torch") or name in self.done:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        real_exec = getattr(loader, "exec_module", None)
+        if loader is None or real_exec is None:
+            return None
+        seed, done = self.seed, self.done
+
+        def exec_module(module: Any) -> None:
+            real_exec(module)
+            sys.modules[name] = module
+            seed_all(seed, done)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]  # this loader only
+        return spec
+
+
+class ProducerCore:
+    """One producer's hooks and bookkeeping (see the module).
+
+    Args:
+        hooks: the runner class (its static producer hooks are called).
+        index: this producer's position in the runner's ``devices``.
+        n_producers: how many producers the runner has.
+        device: the device string passed to every hook.
+        cfg: this producer's own copy of the runner's cfg.
+        seed: the runner's base seed (this producer uses ``seed + index``).
+        setup: ``setup(device)``, the flavour's device set-up (and the pool's initializer
+            keeper), run before ``producer_init``; or None.
+        state: the shared state array of local producers (what each works on), or None.
+    """
+
+    def __init__(
+        self,
+        hooks: ProducerHooks,
+        index: int,
+        n_producers: int,
+        device: str,
+        cfg: Any,
+        seed: int,
+        setup: Callable[[str], Any] | None = None,
+        state: Any = None,
+    ) -> None:
+        self.hooks = hooks
+        self.index = index
+        self.n = n_producers
+        self.device = device
+        self.cfg = cfg
+        self.seed = seed + index
+        self.setup = setup
+        self.codec: wire.Codec = hooks._codec()
+        self.work = hooks.producer_work
+        self.fix = hooks._fix_unsendable
+        self.state = memoryview(state).cast("B").cast("q") if state is not None else None
+        self.me = STATE_FIELDS * index
+        self.abort_word = STATE_FIELDS * n_producers
+        self.busy = 0.0  # seconds in producer_work (and unpickling), reported with results
+        self.working_call = 0  # the call of the batch being run (0: none)
+
+    # ----- start and end -----
+
+    def begin(self, pid: int) -> None:
+        """Says who this producer is (:func:`worker_info`) and seeds ``random``, numpy and
+        torch (those imported now; the others as soon as a hook imports them)."""
+        global _INFO
+        _INFO = WorkerInfo(self.index, self.n, self.device, self.seed, pid)
+        seeded: set[str] = set()
+        seed_all(self.seed, seeded)
+        if not {"numpy", "torch"} <= seeded:
+            sys.meta_path.insert(0, SeedOnImport(self.seed, seeded))
+
+    def init(self) -> dict[str, Any] | None:
+        """Runs the set-up and ``producer_init``: None, or the error report if one raised."""
+        try:
+            if self.setup is not None:
+                self.setup(self.device)
+            self.hooks.producer_init(self.device, self.cfg)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            return error_report("producer_init", self.device, None, e, "hook")
+        return None
+
+    def end(self) -> dict[str, Any] | None:
+        """Runs ``producer_end``, then stops the pools and runners the hooks made here and
+        left open: None, or the error report if ``producer_end`` raised."""
+        report = None
+        try:
+            self.hooks.producer_end(self.device, self.cfg)
+        except BaseException as e:  # noqa: BLE001
+            report = error_report("producer_end", self.device, None, e, "hook")
+        lifecycle.stop_all()
+        return report
+
+    def interrupted(self) -> bool:
+        """Whether the caller gave up on the call being run (local producers)."""
+        call, state = self.working_call, self.state
+        return bool(call) and state is not None and call < state[self.abort_word]
+
+    # ----- one batch -----
+
+    def run(self, call: int, parts: list[Any], wait_s: float) -> tuple[int, Any, int | None]:
+        """Runs ``producer_work`` on one batch (``(first, items)`` in the codec's parts).
+
+        Returns:
+            ``(wire.RESULT, parts, first)``, the parts of ``(first, results, index, busy_s,
+            wait_s)``, or ``(wire.ERROR, report, first)`` (the report a dict, for the host to
+            send); ``first`` is the batch's first item (None if the batch did not unpickle).
+
+        Raises:
+            Interrupted: the caller's interrupt (the batch is dropped).
+        """
+        t0 = time.perf_counter()
+        try:
+            return self._run(call, parts, wait_s, t0)
+        except Interrupted:
+            self._idle(t0)
+            raise
+
+    def _idle(self, t0: float) -> None:
+        """The batch begun at ``t0`` is over: nothing is being worked on."""
+        self.working_call = 0
+        if self.state is not None:
+            self.state[self.me + ITEM] = -1
+        self.busy += time.perf_counter() - t0
+
+    def _run(
+        self, call: int, parts: list[Any], wait_s: float, t0: float
+    ) -> tuple[int, Any, int | None]:
+        device, codec = self.device, self.codec
+        try:
+            first, items = codec.loads(parts)
+        except BaseException as e:  # noqa: BLE001
+            report = error_report("producer_work", device, None, e, "unpickle_item")
+            return wire.ERROR, report, None
+        del parts
+        state, me = self.state, self.me
+        if state is not None:
+            state[me + SINCE_NS] = time.monotonic_ns()
+            state[me + CALL] = call
+        self.working_call = call
+        work, cfg = self.work, self.cfg
+        results: list[Any] = []
+        append = results.append
+        failed = None
+        try:
+            if state is None:
+                for item in items:
+                    append(work(device, cfg, item))
+            elif len(items) > _TRACK_ITEMS:
+                state[me + COUNT] = len(items)
+                state[me + ITEM] = first
+                for item in items:
+                    append(work(device, cfg, item))
+            else:
+                state[me + COUNT] = 1
+                for item in items:
+                    state[me + ITEM] = first + len(results)
+                    append(work(device, cfg, item))
+        except Interrupted:
+            raise
+        except BaseException as e:  # noqa: BLE001
+            failed = error_report("producer_work", device, first + len(results), e, "hook")
+        self._idle(t0)  # pickling the results is not producer_work's time
+        if failed is not None:
+            return wire.ERROR, failed, first
+        payload = (first, results, self.index, self.busy, wait_s)
+        try:
+            return wire.RESULT, codec.dumps(payload), first
+        except BaseException as e:  # noqa: BLE001
+            fixed = self._dumps_fixed(payload)
+            if fixed is not None:
+                return wire.RESULT, fixed, first
+            report = not_picklable_report("producer_work", device, first, e, results)
+            return wire.ERROR, report, first
+
+    def _dumps_fixed(self, payload: tuple[Any, ...]) -> list[Any] | None:
+        """The batch's results did not pickle: if the hooks have a fixer (the pool's), the
+        results it returns (the culprits replaced by error reports) are pickled instead."""
+        first, results, *rest = payload
+        try:
+            fixed = self.fix(results, self.device)
+            return None if fixed is None else self.codec.dumps((first, fixed, *rest))
+        except BaseException:  # noqa: BLE001 - reported as the batch's error
+            return None

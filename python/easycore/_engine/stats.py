@@ -1,0 +1,66 @@
+"""What a runner's last call moved and where its time went (``runner.stats``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class RunnerStats:
+    """What the last call moved and where the time went (also for a call that stopped
+    early: an abandoned ``imap``, an error).
+
+    Attributes:
+        items: items delivered.
+        batches: messages (batches of items) sent to the producers.
+        bytes_in: payload bytes sent to the producers (pickles and buffers).
+        bytes_out: payload bytes received from the producers.
+        wall_s: duration of the call.
+        producer_busy_s: per producer (by position in ``devices``), seconds spent in
+            ``producer_work`` during the call.
+        producer_wait_s: per producer, seconds blocked on the queues during the call
+            (waiting for input or for room for results).
+        dispatch_wait_s: seconds the sender waited for room in the input queue.
+        consumer_wait_s: seconds the receiving thread waited for results.
+        consumer_busy_s: seconds spent in ``consumer_work`` (0 for ``imap``).
+        input_wait_s: seconds nothing was in flight while the receiving thread waited for
+            the input iterable to yield (the input was the bottleneck then).
+    """
+
+    items: int = 0
+    batches: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    wall_s: float = 0.0
+    producer_busy_s: dict[int, float] = field(default_factory=dict)
+    producer_wait_s: dict[int, float] = field(default_factory=dict)
+    dispatch_wait_s: float = 0.0
+    consumer_wait_s: float = 0.0
+    consumer_busy_s: float = 0.0
+    input_wait_s: float = 0.0
+
+    def bottleneck(self) -> str:
+        """A one-line reading of the figures: who waited on whom."""
+        busy = sum(self.producer_busy_s.values())
+        n = max(1, len(self.producer_busy_s))
+        if self.wall_s <= 0:
+            return "nothing ran"
+        util = busy / (n * self.wall_s)
+        if util > 0.7:
+            return f"producers ({util:.0%} busy): add devices or make producer_work cheaper"
+        if self.consumer_busy_s > 0.5 * self.wall_s:
+            return "the consumer: make consumer_work cheaper"
+        if self.input_wait_s > 0.3 * self.wall_s:
+            return (
+                f"the input: the data iterable yields items slowly (nothing was in flight "
+                f"for {self.input_wait_s / self.wall_s:.0%} of the call)"
+            )
+        if self.items and util < 0.5:
+            per_item_us = 1e6 * busy / self.items
+            return (
+                f"per-item overhead: each item takes {per_item_us:.1f} µs of producer_work, "
+                f"so the runner's own cost per item (pickling, queues, the receiving thread) "
+                f"sets the pace and the producers are {util:.0%} busy; give each item more "
+                "work (e.g. pass batches of items) to use them fully"
+            )
+        return f"balanced (producers {util:.0%} busy)"

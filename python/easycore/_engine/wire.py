@@ -1,0 +1,86 @@
+"""What travels between the caller and the producers: message kinds and the codec.
+
+Every message on the Rust queues is ``(seq, kind, parts)``:
+
+* ``seq`` is the *batch number* within one call (0, 1, 2, …); a batch carries consecutive
+  items, and its payload says the index of its first item.
+* ``kind`` packs the message type (low 8 bits) and the call number (the rest), so results of
+  an aborted call are recognised and dropped by the next one.
+* ``parts`` is a pickle (protocol 5) followed by its out-of-band buffers (numpy arrays, CPU
+  tensors in the torch flavour), which the queue writes straight into shared memory.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+# Caller -> producer
+WORK = 1  #: payload: (first_item_index, [items])
+STOP = 2  #: run producer_end and exit
+# Producer -> caller
+RESULT = 3  #: payload: (first_item_index, [results], worker_index, busy_s, wait_s)
+ERROR = 4  #: payload: dict(hook=, device=, item=, message=, traceback=, kind=)
+READY = 5  #: no payload: producer_init returned
+BYE = 6  #: payload: the error dict of producer_end, or None
+# 7: retired (an end-of-call marker); never reuse the number
+WAKE = 8  #: the caller's input reader -> its own receiving thread: new input is waiting
+
+
+def pack_kind(msg_type: int, call: int) -> int:
+    """Packs a message type and a call number into the queue's 32-bit kind tag."""
+    return ((call & 0xFFFFFF) << 8) | msg_type
+
+
+def unpack_kind(kind: int) -> tuple[int, int]:
+    """Inverse of :func:`pack_kind`: ``(msg_type, call)``."""
+    return kind & 0xFF, kind >> 8
+
+
+class Codec:
+    """Pickles objects into queue parts and back, with protocol-5 out-of-band buffers.
+
+    Subclasses change how particular types travel (see the torch flavour, which sends CPU
+    tensors' memory out of band).
+    """
+
+    def dumps(self, obj: Any) -> list[Any]:
+        """Returns ``[pickle_bytes, *raw_buffers]`` for ``obj``.
+
+        Raises:
+            pickle.PicklingError, TypeError, AttributeError: if ``obj`` cannot be pickled.
+        """
+        buffers: list[pickle.PickleBuffer] = []
+        data = self._dumps(obj, buffers.append)
+        if not buffers:
+            return [data]
+        return [data, *(b.raw() for b in buffers)]
+
+    def _dumps(self, obj: Any, callback: Any) -> bytes:
+        return pickle.dumps(obj, protocol=5, buffer_callback=callback)
+
+    def loads(self, parts: Sequence[Any]) -> Any:
+        """Rebuilds the object from the parts made by :meth:`dumps`."""
+        if len(parts) == 1:
+            return pickle.loads(parts[0])
+        return pickle.loads(parts[0], buffers=parts[1:])
+
+
+def nbytes(parts: Sequence[Any]) -> int:
+    """Total payload bytes of a message's parts."""
+    total = 0
+    for p in parts:
+        total += memoryview(p).nbytes
+    return total
+
+
+def describe_unpicklable(obj: Any) -> str:
+    """Names the first element that fails to pickle, to make errors point at the culprit."""
+    items = obj if isinstance(obj, list | tuple) else [obj]
+    for x in items:
+        try:
+            pickle.dumps(x, protocol=5)
+        except Exception as e:  # noqa: BLE001 - any pickling failure is what we describe
+            return f"an object of type {type(x).__module__}.{type(x).__qualname__} ({e})"
+    return f"an object of type {type(obj).__qualname__}"

@@ -1,0 +1,98 @@
+"""``concurrent.futures.Executor`` on a :class:`~easycore.parallel.Pool`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor, Future
+from typing import Any, ParamSpec, TypeVar
+
+from easycore.errors import RunnerClosedError
+from easycore.parallel.pool import Pool
+
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+
+
+class PoolExecutor(Executor):
+    """A ``concurrent.futures.Executor`` on a :class:`Pool`; drop-in for
+    ``ProcessPoolExecutor``.
+
+    Args:
+        max_workers (int or Iterable[str], optional): as ``Pool``'s ``processes`` (a number of
+            CPU workers, or a list of devices).
+        initializer (Callable, optional): as for :class:`Pool`.
+        initargs (tuple): as for :class:`Pool`.
+        **kwargs: the other keyword arguments of :class:`Pool`.
+    """
+
+    _pool_cls: type[Pool] = Pool
+
+    def __init__(
+        self,
+        max_workers: int | Iterable[str] | None = None,
+        initializer: Callable[..., Any] | None = None,
+        initargs: Iterable[Any] = (),
+        **kwargs: Any,
+    ) -> None:
+        self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
+
+    def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
+        """Schedules ``fn(*args, **kwargs)`` (see :meth:`Pool.submit`).
+
+        Returns:
+            concurrent.futures.Future: the task's result or exception.
+        """
+        try:
+            return self.pool.submit(fn, *args, **kwargs)
+        except RunnerClosedError as e:
+            raise RuntimeError("cannot schedule new futures after shutdown") from e
+
+    def map(
+        self,
+        fn: Callable[..., _T],
+        *iterables: Iterable[Any],
+        timeout: float | None = None,
+        chunksize: int = 1,
+        buffersize: int | None = None,
+    ) -> Iterator[_T]:
+        """``Executor.map``: lazily yields ``fn(*args)`` for the zipped ``iterables``, in order.
+
+        Unlike ``ProcessPoolExecutor.map``, the input is read lazily (bounded in flight).
+
+        Args:
+            fn (Callable): any function, lambda or closure.
+            *iterables: as for ``map()``.
+            timeout (float, optional): seconds the whole iteration may take.
+            chunksize (int): items per task (1: item by item; the engine still batches).
+            buffersize (int, optional): Python 3.14's ``Executor.map`` argument, accepted so
+                that code written for it runs: it bounds the input read ahead, which the pool
+                bounds already (by ``window``, and by bytes). Must be None or positive.
+
+        Returns:
+            Iterator: the results.
+        """
+        if buffersize is not None and buffersize < 1:
+            raise ValueError("buffersize must be None or > 0")
+        try:
+            chunk = chunksize if chunksize > 1 else None
+            return self.pool.istarmap(fn, zip(*iterables, strict=False), chunk, timeout=timeout)
+        except RunnerClosedError as e:
+            raise RuntimeError("cannot schedule new futures after shutdown") from e
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Accepts no new work; with ``wait``, waits for pending work and the workers.
+
+        Args:
+            wait (bool): wait for pending futures and the workers to finish.
+            cancel_futures (bool): cancel the futures no worker has started.
+        """
+        pool = self.pool
+        if cancel_futures:
+            with pool._cv:
+                queued = list(pool._tasks)
+                pool._tasks.clear()
+            for fut, _tid, _blob in queued:
+                fut.cancel()
+        pool.close()
+        if wait:
+            pool.join()
