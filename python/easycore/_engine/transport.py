@@ -120,7 +120,7 @@ class Transport:
         lifecycle.discard(Stage.PRODUCERS, self)
 
 
-def _forget_dead(procs: list[Any]) -> None:
+def _forget_dead(procs: Sequence[Any]) -> None:
     """Removes the names (liveness tokens) that reaped producers left: a producer killed, or
     ended by ``os._exit``, skips the exit handlers that would have removed them."""
     sweep_dead_pids([p.pid for p in procs if p.pid and p.exitcode is not None])
