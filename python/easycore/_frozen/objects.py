@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import ItemsView, Iterable, Iterator, Mapping, Sequence, ValuesView
-from typing import Any, NoReturn, overload
+from typing import Any, NoReturn, Self, overload
 
 from easycore._frozen.arena import (
     CLOSED,
@@ -38,7 +38,66 @@ def _read_only(obj: object, what: str) -> NoReturn:
     )
 
 
-class SharedList(Sequence[Any]):
+class _Frozen:
+    """What a :class:`SharedList` and a :class:`SharedDict` share: the arena they read, how
+    they travel (by reference), copies (the same object), and closing."""
+
+    __slots__ = ()
+    _arena: Arena
+    _n: int
+    _KIND = ""
+
+    def __repr__(self) -> str:
+        state = " closed" if self.closed else ""
+        return (
+            f"<{type(self).__name__} of {self._n} items, {self.nbytes} bytes at {self.name}{state}>"
+        )
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        if self.closed:
+            raise ValueError(f"a closed {type(self).__name__} cannot be sent")
+        return (_reattach, (self._KIND, self._arena.name, self._arena.size))
+
+    def __copy__(self) -> Self:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Self:
+        return self
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def name(self) -> str:
+        """The arena's name in ``/dev/shm``."""
+        return self._arena.name
+
+    @property
+    def nbytes(self) -> int:
+        """The arena's size in bytes (the records, their index, a dict's hash table, and
+        the header)."""
+        return self._arena.size
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called (here, or on another object of this arena)."""
+        return self._arena.closed
+
+    def close(self) -> None:
+        """Stops using the arena in this process: in the owner, removes its name from
+        ``/dev/shm`` (processes that mapped it keep reading). Further reads here raise
+        ``ValueError``; numpy arrays read before stay valid. Safe to call twice."""
+        self._arena.close()
+        self._closed_here()
+
+    def _closed_here(self) -> None:
+        """Points this object's fast paths at the closed arena's empty tables."""
+
+
+class SharedList(_Frozen, Sequence[Any]):
     """A read-only list whose items live once in shared memory (made by :func:`freeze`).
 
     ``len(x)``, ``x[i]`` (negative ``i`` too), iteration, ``in``, ``x.index(v)``,
@@ -50,6 +109,7 @@ class SharedList(Sequence[Any]):
     """
 
     __slots__ = ("__weakref__", "_arena", "_fast", "_mv", "_n", "_offs")
+    _KIND = "list"
 
     def __init__(self, arena: Arena) -> None:
         if arena.kind != KIND_LIST:
@@ -107,47 +167,7 @@ class SharedList(Sequence[Any]):
 
     __hash__ = None  # type: ignore[assignment]
 
-    def __repr__(self) -> str:
-        state = " closed" if self.closed else ""
-        return f"<SharedList of {self._n} items, {self.nbytes} bytes at {self.name}{state}>"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        if self.closed:
-            raise ValueError("a closed SharedList cannot be sent")
-        return (_reattach, ("list", self._arena.name, self._arena.size))
-
-    def __copy__(self) -> SharedList:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> SharedList:
-        return self
-
-    def __enter__(self) -> SharedList:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def name(self) -> str:
-        """The arena's name in ``/dev/shm``."""
-        return self._arena.name
-
-    @property
-    def nbytes(self) -> int:
-        """The arena's size in bytes (items, index and header)."""
-        return self._arena.size
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called (here, or on another object of this arena)."""
-        return self._arena.closed
-
-    def close(self) -> None:
-        """Stops using the arena in this process: in the owner, removes its name from
-        ``/dev/shm`` (processes that mapped it keep reading). Further reads here raise
-        ``ValueError``; numpy arrays read before stay valid. Safe to call twice."""
-        self._arena.close()
+    def _closed_here(self) -> None:
         self._offs = self._arena.offsets
 
     def __setitem__(self, i: Any, v: Any) -> NoReturn:
@@ -195,7 +215,7 @@ class SharedList(Sequence[Any]):
         _read_only(self, "reverse")
 
 
-class SharedDict(Mapping[Any, Any]):
+class SharedDict(_Frozen, Mapping[Any, Any]):
     """A read-only dict whose keys and values live once in shared memory (made by
     :func:`freeze`).
 
@@ -210,6 +230,7 @@ class SharedDict(Mapping[Any, Any]):
     """
 
     __slots__ = ("__weakref__", "_arena", "_mask", "_mv", "_n", "_offs", "_shift", "_table")
+    _KIND = "dict"
 
     def __init__(self, arena: Arena) -> None:
         if arena.kind != KIND_DICT:
@@ -274,45 +295,7 @@ class SharedDict(Mapping[Any, Any]):
         for e in range(self._n):
             yield self._record(2 * e), self._record(2 * e + 1)
 
-    def __repr__(self) -> str:
-        state = " closed" if self.closed else ""
-        return f"<SharedDict of {self._n} items, {self.nbytes} bytes at {self.name}{state}>"
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        if self.closed:
-            raise ValueError("a closed SharedDict cannot be sent")
-        return (_reattach, ("dict", self._arena.name, self._arena.size))
-
-    def __copy__(self) -> SharedDict:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> SharedDict:
-        return self
-
-    def __enter__(self) -> SharedDict:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    @property
-    def name(self) -> str:
-        """The arena's name in ``/dev/shm``."""
-        return self._arena.name
-
-    @property
-    def nbytes(self) -> int:
-        """The arena's size in bytes (keys, values, index, hash table and header)."""
-        return self._arena.size
-
-    @property
-    def closed(self) -> bool:
-        """Whether :meth:`close` was called (here, or on another object of this arena)."""
-        return self._arena.closed
-
-    def close(self) -> None:
-        """As :meth:`SharedList.close`."""
-        self._arena.close()
+    def _closed_here(self) -> None:
         self._offs = self._arena.offsets
         self._table = CLOSED
 
