@@ -213,6 +213,14 @@ def main() -> None:
     ap.add_argument("--producers", type=int, nargs="+", default=[2])
     ap.add_argument("--reads", type=int, default=200_000, help="random reads per measurement")
     ap.add_argument("--no-spawn", action="store_true", help="skip the spawn start-up runs")
+    ap.add_argument(
+        "--kinds",
+        nargs="+",
+        choices=["none", "plain", "frozen"],
+        default=["none", "plain", "frozen"],
+        help="which indexes to measure (a plain 10M-item index needs about (producers + 1) "
+        "x 5 GB of memory; '--kinds none frozen' measures the frozen one alone)",
+    )
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--scenario", help=argparse.SUPPRESS)
     ap.add_argument("--kind", help=argparse.SUPPRESS)
@@ -235,7 +243,7 @@ def main() -> None:
           f"{'ratio':>6} {'arena MiB':>9} | {'reads/s/producer':>16} | {'build s':>7}")  # fmt: skip
     for n in args.items:
         for p in args.producers:
-            for kind in ("none", "plain", "frozen"):
+            for kind in args.kinds:
                 o = sub("--scenario", "pss", "--kind", kind, "--items", str(n),
                         "--producers", str(p), "--reads", str(args.reads))  # fmt: skip
                 print(f"{n:>10} {p:>2} {kind:>6} | {o['caller_pss_mib']:>10.0f} "
@@ -245,7 +253,7 @@ def main() -> None:
         print(f"\n{'index':>10} {'P':>2} {'kind':>6} | spawn start-up s (build s apart)")
         for n in args.items:
             p = args.producers[0]
-            for kind in ("plain", "frozen"):
+            for kind in [k for k in args.kinds if k != "none"]:
                 o = sub("--scenario", "spawn", "--kind", kind, "--items", str(n),
                         "--producers", str(p))  # fmt: skip
                 print(f"{n:>10} {p:>2} {kind:>6} | {o['startup_s']:>8.2f} "
