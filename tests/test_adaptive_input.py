@@ -1,0 +1,141 @@
+"""Adaptive input reading: a request/response input (item i+1 exists only after result i)
+is read by the receiving thread itself, while inputs that run ahead keep their batching.
+
+Every verdict counts (``runner.stats.direct_items``, ``runner.stats.batches``); nothing is
+timed. Each feedback input waits on its results with a timeout of its own, so a regression
+fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+import pytest
+import runner_defs as rd
+
+pytestmark = pytest.mark.timeout(120)
+
+N = 400
+
+
+def _feedback(n: int, got: queue.Queue[int]) -> Iterator[int]:
+    """Yields item i+1 only after result i came back."""
+    x = 0
+    for _ in range(n):
+        yield x
+        x = got.get(timeout=20) + 1  # raises queue.Empty instead of hanging
+
+
+@pytest.mark.parametrize("runner_cls", [rd.Collect, rd.CollectUnordered])
+def test_feedback_input_through_imap_is_read_directly(runner_cls):
+    got: queue.Queue[int] = queue.Queue()
+    with runner_cls(devices=2, start_method="fork") as r:
+        out = []
+        for y in r.imap(_feedback(N, got)):
+            out.append(y)
+            got.put(y)
+        assert out == list(range(N))
+        # Handed over after a few items; taken back now and then (a probe), so not all.
+        assert r.stats.direct_items > 0
+        assert r.stats.items == N
+
+
+def test_feedback_input_through_hooks_is_read_directly():
+    got: queue.Queue[int] = queue.Queue()
+    names: list[str] = []
+
+    class Feedback(rd.Collect):
+        @staticmethod
+        def consumer_work(cfg, data):
+            cfg.out.append(data)
+            got.put(data)
+
+    def gen() -> Iterator[int]:
+        for x in _feedback(N, got):
+            names.append(threading.current_thread().name)
+            yield x
+
+    with Feedback(devices=2, start_method="fork") as r:
+        assert r(gen()) == list(range(N))
+        assert r.stats.direct_items > 0
+        assert r.stats.direct_items == names.count("easycore-consumer")
+        assert "easycore-input" in names  # it began in the input thread
+
+
+@pytest.mark.parametrize("read_ahead", [None, True])
+def test_inputs_that_run_ahead_keep_their_batching(read_ahead):
+    n = 20_000
+    with rd.CollectUnordered(devices=2, start_method="fork") as r:
+        assert len(r(range(n))) == n  # learn that items are cheap
+        assert r.stats.batches < n // 10  # a range is sliced in batches
+        assert sorted(r(iter(range(n)), read_ahead=read_ahead)) == list(range(n))
+        assert r.stats.batches < n // 10
+        assert r.stats.direct_items < n // 10
+
+
+def test_read_ahead_true_never_reads_directly():
+    got: queue.Queue[int] = queue.Queue()
+    with rd.Collect(devices=2, start_method="fork") as r:
+        out = []
+        for y in r.imap(_feedback(N, got), read_ahead=True):
+            out.append(y)
+            got.put(y)
+        assert out == list(range(N))
+        assert r.stats.direct_items == 0
+
+
+def test_read_ahead_false_reads_every_item_directly():
+    got: queue.Queue[int] = queue.Queue()
+    with rd.Collect(devices=2, start_method="fork") as r:
+        out = []
+        for y in r.imap(_feedback(N, got), read_ahead=False):
+            out.append(y)
+            got.put(y)
+        assert out == list(range(N))
+        assert r.stats.direct_items == N
+
+
+def test_an_input_that_turns_from_feedback_to_fast_is_taken_back():
+    """The first items come one per result, then the input runs ahead: the input thread takes
+    it back (its probe) and batches the rest."""
+    got: queue.Queue[int] = queue.Queue()
+    slow, fast = 100, 50_000
+
+    def gen() -> Iterator[int]:
+        yield from _feedback(slow, got)
+        yield from range(slow, slow + fast)
+
+    with rd.CollectUnordered(devices=2, start_method="fork") as r:
+        assert len(r(range(20_000))) == 20_000  # learn that items are cheap
+        out = []
+        for y in r.imap(gen()):
+            out.append(y)
+            if y < slow:
+                got.put(y)
+        assert sorted(out) == list(range(slow + fast))
+        # At most one probe interval (1024 items) one at a time, the rest in batches.
+        assert r.stats.direct_items < slow + 2048
+        assert r.stats.batches < slow + 2048 + fast // 10
+
+
+def test_input_errors_and_ends_in_the_direct_path():
+    got: queue.Queue[int] = queue.Queue()
+
+    def bad() -> Iterator[int]:
+        yield from _feedback(50, got)
+        raise ValueError("input broke")
+
+    with rd.Collect(devices=2, start_method="fork") as r:
+        with pytest.raises(ValueError, match="input broke"):
+            for y in r.imap(bad()):
+                got.put(y)
+        while not got.empty():
+            got.get()
+        out = []
+        for y in r.imap(_feedback(30, got)):  # the runner stays usable
+            out.append(y)
+            got.put(y)
+        assert out == list(range(30))
+        assert r(iter([])) == []
