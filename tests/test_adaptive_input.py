@@ -139,3 +139,23 @@ def test_input_errors_and_ends_in_the_direct_path():
             got.put(y)
         assert out == list(range(30))
         assert r(iter([])) == []
+
+
+def test_consumer_error_names_its_item_inside_a_large_batch():
+    """The consumer loop keeps no per-item index: the failing item is still named exactly
+    when it sits deep inside a batch of many results."""
+    from easycore.errors import WorkerError
+
+    class FailsLate(rd.Collect):
+        @staticmethod
+        def consumer_work(cfg, data):
+            if data == 15_003:
+                raise KeyError("consumer broke")
+            cfg.out.append(data)
+
+    with FailsLate(devices=1, start_method="fork") as r:
+        assert len(r(range(10_000))) == 10_000  # learn that items are cheap: big batches
+        with pytest.raises(WorkerError) as ei:
+            r(range(20_000))
+        assert ei.value.hook == "consumer_work" and ei.value.item == 15_003
+        assert r.stats.batches < 20_000 // 10  # it was inside a batch of many

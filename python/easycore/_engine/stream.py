@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -491,16 +492,20 @@ class Call(InputSide):
             call_hook("consumer_init", runner.consumer_init, cfg)
             work = runner.consumer_work
             busy = 0.0
+            perf_counter = time.perf_counter
             for first, results, _count in self._chunks():  # no pack: count == len(results)
-                t = time.perf_counter()
-                for i, r in enumerate(results):
-                    try:
+                t = perf_counter()
+                # No per-item index: the list iterator's length hint says which item failed.
+                it = iter(results)
+                try:
+                    for r in it:
                         work(cfg, r)
-                    except (KeyboardInterrupt, SystemExit):
-                        raise
-                    except BaseException as e:
-                        raise hook_error("consumer_work", e, first + i) from e
-                busy += time.perf_counter() - t
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as e:
+                    i = len(results) - operator.length_hint(it) - 1
+                    raise hook_error("consumer_work", e, first + i) from e
+                busy += perf_counter() - t
                 self.delivered_chunk(len(results))
             self.stats.consumer_busy_s = busy
             result.append(call_hook("consumer_end", runner.consumer_end, cfg))
