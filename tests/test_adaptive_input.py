@@ -159,3 +159,46 @@ def test_consumer_error_names_its_item_inside_a_large_batch():
             r(range(20_000))
         assert ei.value.hook == "consumer_work" and ei.value.item == 15_003
         assert r.stats.batches < 20_000 // 10  # it was inside a batch of many
+
+
+class Payload:
+    """An input item whose lifetime the test follows (weak references)."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+class PayloadIndex(rd.Collect):
+    @staticmethod
+    def producer_work(device, cfg, data):
+        return data.i
+
+
+def test_items_read_directly_are_not_kept_alive():
+    """Items sent are dropped from the call's buffer as the receiving thread reads on: a
+    long request/response loop does not hold every input it sent (large inputs would
+    pile up until the input thread takes the input back)."""
+    import gc
+    import weakref
+
+    got: queue.Queue[int] = queue.Queue()
+    alive: weakref.WeakSet[Payload] = weakref.WeakSet()
+    most = 0
+
+    def gen() -> Iterator[Payload]:
+        nonlocal most
+        for i in _feedback(N, got):
+            gc.collect()
+            most = max(most, len(alive)) if i > 100 else most
+            p = Payload(i)
+            alive.add(p)
+            yield p
+
+    with PayloadIndex(devices=1, start_method="fork") as r:
+        out = []
+        for y in r.imap(gen()):
+            out.append(y)
+            got.put(y)
+        assert out == list(range(N))
+        assert r.stats.direct_items > 100
+        assert most <= 8  # the item in flight and a few on their way, not hundreds

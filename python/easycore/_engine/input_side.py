@@ -162,6 +162,12 @@ class InputSide:
         the input thread handed the input over: see :meth:`_hand_over`). Nothing is in
         flight, so waiting for it here holds no result back."""
         t = time.perf_counter()
+        if self.buf_off and self.reader is not None:
+            # Everything read is sent (see _reads_direct), and the input thread, parked,
+            # removes no prefix meanwhile: drop the sent items here, so that they are not
+            # kept alive until it takes the input back.
+            with self.send_lock:
+                self._compact_sent()
         try:
             self.buf.append(next(self.it))  # type: ignore[arg-type]
         except StopIteration:
