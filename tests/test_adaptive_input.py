@@ -202,3 +202,29 @@ def test_items_read_directly_are_not_kept_alive():
         assert out == list(range(N))
         assert r.stats.direct_items > 100
         assert most <= 8  # the item in flight and a few on their way, not hundreds
+
+
+@pytest.mark.parametrize(
+    ("result_bytes", "expected"),
+    [
+        (8, 10_000),  # tiny results: the window as set
+        (1 << 20, 48),  # 1 MiB: about 48 MiB in flight, not the whole 192 MiB budget
+        (16 << 20, 12),  # 16 MiB: the budget bounds it (at least 8 per producer allowed)
+        (64 << 20, 3),  # 64 MiB: the budget again
+    ],
+)
+def test_large_results_keep_about_a_cache_in_flight(result_bytes, expected):
+    from types import SimpleNamespace
+
+    from easycore._engine.input_side import InputSide
+
+    call = SimpleNamespace(
+        window=10_000,
+        window_floor=10_000,
+        n=2,
+        bytes_per_item=0.0,
+        runner=SimpleNamespace(_out_bytes_per_item=float(result_bytes)),
+        max_inflight_bytes=192 << 20,
+        _batch_size=lambda: 1,
+    )
+    assert InputSide._window_now(call) == expected  # type: ignore[arg-type]
