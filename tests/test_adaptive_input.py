@@ -228,3 +228,32 @@ def test_large_results_keep_about_a_cache_in_flight(result_bytes, expected):
         _batch_size=lambda: 1,
     )
     assert InputSide._window_now(call) == expected  # type: ignore[arg-type]
+
+
+def test_consumer_error_while_the_input_is_handed_over():
+    """consumer_work fails while the receiving thread reads the input: the call fails with
+    the hook's error, the parked input thread ends, and the runner stays usable."""
+    from easycore.errors import WorkerError
+
+    got: queue.Queue[int] = queue.Queue()
+
+    class FailsInLoop(rd.Collect):
+        @staticmethod
+        def consumer_work(cfg, data):
+            if data == 200:
+                raise KeyError("consumer broke")
+            cfg.out.append(data)
+            got.put(data)
+
+    with FailsInLoop(devices=2, start_method="fork") as r:
+        with pytest.raises(WorkerError) as ei:
+            r(_feedback(N, got))
+        assert ei.value.hook == "consumer_work" and ei.value.item == 200
+        assert r.stats.direct_items > 0  # it failed on the direct path
+        for t in threading.enumerate():
+            if t.name == "easycore-input":
+                t.join(10)  # a hard bound, not a timing assertion
+        assert [t for t in threading.enumerate() if t.name == "easycore-input"] == []
+        while not got.empty():
+            got.get()
+        assert r(_feedback(50, got)) == list(range(50))
