@@ -25,6 +25,9 @@ class RunnerStats:
         consumer_busy_s: seconds spent in ``consumer_work`` (0 for ``imap``).
         input_wait_s: seconds nothing was in flight while the receiving thread waited for
             the input iterable to yield (the input was the bottleneck then).
+        direct_items: input items the receiving thread read itself, one at a time with
+            nothing in flight (``read_ahead=False``, or a request/response input that the
+            input thread handed over), not through the input thread.
     """
 
     items: int = 0
@@ -38,6 +41,7 @@ class RunnerStats:
     consumer_wait_s: float = 0.0
     consumer_busy_s: float = 0.0
     input_wait_s: float = 0.0
+    direct_items: int = 0
 
     def bottleneck(self) -> str:
         """A one-line reading of the figures: who waited on whom."""

@@ -14,7 +14,11 @@ Data path of one call (``runner(data)``)::
   there, so fast inputs travel in large batches and a slow or feedback input (item i+1
   exists only once result i arrived) is sent item by item, at once. When nothing is in
   flight and the receiver sleeps, the reader sends a new item itself; otherwise it wakes
-  the receiver with a ``WAKE`` message on the output queue.
+  the receiver with a ``WAKE`` message on the output queue. An input that behaves as a
+  request/response loop (each item comes only once nothing is in flight) is handed to the
+  receiving thread, which then reads it itself whenever nothing is in flight (no thread
+  hand-off per round trip); the reader takes it back now and then, and keeps it as soon as
+  the input runs ahead again (``read_ahead=`` True or False fixes either way).
 * At most ``window`` items are in flight (read and not yet handed to ``consumer_work``), so
   memory stays bounded whatever the input's length and however slow one producer is.
 * Batch sizes adapt to the producers' measured time per item (about 4 ms of work per batch).
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import operator
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
@@ -36,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 from easycore._core import ReorderBuffer
 from easycore._engine import producer as _producer
 from easycore._engine import wire
-from easycore._engine.input_side import InputOwner, InputSide, RunSource, _Flag
+from easycore._engine.input_side import _PROBE_FIRST, InputOwner, InputSide, RunSource, _Flag
 from easycore._engine.lifecycle import TICK
 from easycore._engine.reports import call_hook, hook_error, worker_error
 from easycore._engine.runs import IteratorRuns
@@ -127,12 +132,15 @@ class Call(InputSide):
         progress: bool,
         timeout: float | None,
         is_imap: bool,
-        read_ahead: bool = True,
+        read_ahead: bool | None = None,
         pack: Callable[[list[Any]], list[Any]] | None = None,
         cost: Callable[[], float] | None = None,
         runs: RunSource | None = None,
     ) -> None:
-        """``pack`` (optional) turns each batch's items into what is sent: fewer work items,
+        """``read_ahead``: True reads an iterator input in the input thread, False in the
+        receiving thread (one item, when none is in flight), None (the default) adapts:
+        the input thread hands a request/response input over (see the module). ``pack``
+        (optional) turns each batch's items into what is sent: fewer work items,
         each standing for a run of input items (one result each; the call counts input
         items, so it keeps each such batch's count in ``packed_counts``);
         ``cost`` (optional) gives the producers' seconds per item that batches are sized by,
@@ -173,11 +181,25 @@ class Call(InputSide):
         # on tiny items.
         self.buf: list[Any] = []
         self.buf_off = 0
-        if runs is None and self.it is not None and read_ahead:
+        ahead = read_ahead is not False
+        # Adaptive reading: only for a runner's own iterator input (the pool's feed mixes
+        # many jobs' inputs in one stream).
+        self.adaptive = read_ahead is None and runs is None and self.it is not None
+        if runs is None and self.it is not None and ahead:
             runs = IteratorRuns(self.it)  # a runner's iterator input, read in runs too
-        self.runs_compact = runs is not None and self.it is not None and read_ahead
+        self.runs_compact = runs is not None and self.it is not None and ahead
         self.reader: threading.Thread | None = None
-        self.read_ahead = read_ahead  # False: the receiving thread reads, one item at a time
+        self.read_ahead = ahead  # False: the receiving thread reads, one item at a time
+        # The input thread handed the input over (adaptive): the receiving thread reads it
+        # while nothing is in flight; set by the input thread (then parked), cleared by the
+        # receiving thread (between two reads) to hand it back. Under cond.
+        self.direct = False
+        # Set by the receiving thread to ask for the input (adaptive), cleared with direct.
+        self.want_direct = False
+        self.starved = 0  # the receiving thread's waits for input in a row (adaptive)
+        self.direct_reads = 0  # items read by the receiving thread since the hand-over
+        self.direct_total = 0  # items read by the receiving thread in this call
+        self.probe_at = _PROBE_FIRST  # direct reads before the input thread tries again
         self.reader_done = self.seq_data is not None
         self.pack = pack
         self.cost = cost
@@ -300,14 +322,7 @@ class Call(InputSide):
             if self.abort:
                 self._check_health()
                 raise RunnerClosedError("the call was aborted")
-            if (
-                self.reader is None
-                and self.it is not None
-                and not self.reader_done
-                and self._unsent() <= 0
-                and self.pending is None
-                and self.delivered >= self.dispatched
-            ):
+            if self._reads_direct():
                 self._read_one()
                 continue
             # Sleep on the output queue. While fewer batches are on their way than there are
@@ -315,6 +330,8 @@ class Call(InputSide):
             # Otherwise the next result wakes us soon, and new input waits for it (every
             # producer has a batch meanwhile), without a check per item read.
             self.receiver_waiting = True
+            if self.adaptive and not self.want_direct:
+                self._note_starved()
             need = self._producer_idle()
             self.attention.set(need)
             if need:
@@ -323,6 +340,7 @@ class Call(InputSide):
                 self._ready_to_send()
                 or self.input_error is not None
                 or self.send_error is not None
+                or (self.direct and self._reads_direct())
                 or (self.reader_done and self.delivered >= self.dispatched and self._input_over())
             ):
                 self.receiver_waiting = False
@@ -474,16 +492,20 @@ class Call(InputSide):
             call_hook("consumer_init", runner.consumer_init, cfg)
             work = runner.consumer_work
             busy = 0.0
+            perf_counter = time.perf_counter
             for first, results, _count in self._chunks():  # no pack: count == len(results)
-                t = time.perf_counter()
-                for i, r in enumerate(results):
-                    try:
+                t = perf_counter()
+                # No per-item index: the list iterator's length hint says which item failed.
+                it = iter(results)
+                try:
+                    for r in it:
                         work(cfg, r)
-                    except (KeyboardInterrupt, SystemExit):
-                        raise
-                    except BaseException as e:
-                        raise hook_error("consumer_work", e, first + i) from e
-                busy += time.perf_counter() - t
+                except (KeyboardInterrupt, SystemExit):
+                    raise
+                except BaseException as e:
+                    i = len(results) - operator.length_hint(it) - 1
+                    raise hook_error("consumer_work", e, first + i) from e
+                busy += perf_counter() - t
                 self.delivered_chunk(len(results))
             self.stats.consumer_busy_s = busy
             result.append(call_hook("consumer_end", runner.consumer_end, cfg))
@@ -562,6 +584,7 @@ class Call(InputSide):
 
     def _fill_stats(self, s: RunnerStats) -> None:
         s.items = self.delivered
+        s.direct_items = self.direct_total
         s.wall_s = time.perf_counter() - self.t0
         if not self.workers.closed:
             in_wait, out_wait = self.workers.wait_seconds()

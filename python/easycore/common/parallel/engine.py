@@ -417,7 +417,7 @@ class BaseRunner(RunnerHooks):
         progress: bool = False,
         timeout: float | None = None,
         *,
-        read_ahead: bool = True,
+        read_ahead: bool | None = None,
     ) -> Any:
         """Runs every item of ``data_iter`` through the producers and the consumer.
 
@@ -437,11 +437,16 @@ class BaseRunner(RunnerHooks):
                 closed (``activate()`` restarts it). A stall limit, not a deadline: a long
                 call that keeps delivering never times out. (The pool's ``timeout=`` is the
                 stdlib's: a deadline for the whole call.)
-            read_ahead (bool): False reads an iterator input in the receiving thread, one
-                item at a time and only when no item is in flight: for request/response
-                loops (each input waits for the previous result), it saves the hand-off
-                through the input thread (about 10 µs a round trip); fast inputs lose
-                their batching. A range, list or tuple is sliced in place either way.
+            read_ahead (bool, optional): how an iterator input is read. None (the default)
+                adapts: a helper thread reads ahead and the sender batches what it read;
+                once the input behaves as a request/response loop (each item comes only
+                after the previous result), the receiving thread reads it itself, one item
+                whenever none is in flight, saving the hand-off through the helper thread
+                on each round trip; when the input runs ahead again, the helper thread
+                takes it back (``runner.stats.direct_items`` counts the items read
+                directly). True always reads ahead; False always reads in the receiving
+                thread (fast inputs then lose their batching). A range, list or tuple is
+                sliced in place either way.
 
         Returns:
             Any: result (the value ``consumer_end`` returns)
@@ -455,7 +460,7 @@ class BaseRunner(RunnerHooks):
         progress: bool = False,
         timeout: float | None = None,
         *,
-        read_ahead: bool = True,
+        read_ahead: bool | None = None,
     ) -> Iterator[Any]:
         """Yields the producers' results in the caller's thread, without the consumer hooks.
 

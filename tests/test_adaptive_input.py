@@ -1,0 +1,259 @@
+"""Adaptive input reading: a request/response input (item i+1 exists only after result i)
+is read by the receiving thread itself, while inputs that run ahead keep their batching.
+
+Every verdict counts (``runner.stats.direct_items``, ``runner.stats.batches``); nothing is
+timed. Each feedback input waits on its results with a timeout of its own, so a regression
+fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+
+import pytest
+import runner_defs as rd
+
+pytestmark = pytest.mark.timeout(120)
+
+N = 400
+
+
+def _feedback(n: int, got: queue.Queue[int]) -> Iterator[int]:
+    """Yields item i+1 only after result i came back."""
+    x = 0
+    for _ in range(n):
+        yield x
+        x = got.get(timeout=20) + 1  # raises queue.Empty instead of hanging
+
+
+@pytest.mark.parametrize("runner_cls", [rd.Collect, rd.CollectUnordered])
+def test_feedback_input_through_imap_is_read_directly(runner_cls):
+    got: queue.Queue[int] = queue.Queue()
+    with runner_cls(devices=2, start_method="fork") as r:
+        out = []
+        for y in r.imap(_feedback(N, got)):
+            out.append(y)
+            got.put(y)
+        assert out == list(range(N))
+        # Handed over after a few items; taken back now and then (a probe), so not all.
+        assert r.stats.direct_items > 0
+        assert r.stats.items == N
+
+
+def test_feedback_input_through_hooks_is_read_directly():
+    got: queue.Queue[int] = queue.Queue()
+    names: list[str] = []
+
+    class Feedback(rd.Collect):
+        @staticmethod
+        def consumer_work(cfg, data):
+            cfg.out.append(data)
+            got.put(data)
+
+    def gen() -> Iterator[int]:
+        for x in _feedback(N, got):
+            names.append(threading.current_thread().name)
+            yield x
+
+    with Feedback(devices=2, start_method="fork") as r:
+        assert r(gen()) == list(range(N))
+        assert r.stats.direct_items > 0
+        assert r.stats.direct_items == names.count("easycore-consumer")
+        assert "easycore-input" in names  # it began in the input thread
+
+
+@pytest.mark.parametrize("read_ahead", [None, True])
+def test_inputs_that_run_ahead_keep_their_batching(read_ahead):
+    n = 20_000
+    with rd.CollectUnordered(devices=2, start_method="fork") as r:
+        assert len(r(range(n))) == n  # learn that items are cheap
+        assert r.stats.batches < n // 10  # a range is sliced in batches
+        assert sorted(r(iter(range(n)), read_ahead=read_ahead)) == list(range(n))
+        assert r.stats.batches < n // 10
+        assert r.stats.direct_items < n // 10
+
+
+def test_read_ahead_true_never_reads_directly():
+    got: queue.Queue[int] = queue.Queue()
+    with rd.Collect(devices=2, start_method="fork") as r:
+        out = []
+        for y in r.imap(_feedback(N, got), read_ahead=True):
+            out.append(y)
+            got.put(y)
+        assert out == list(range(N))
+        assert r.stats.direct_items == 0
+
+
+def test_read_ahead_false_reads_every_item_directly():
+    got: queue.Queue[int] = queue.Queue()
+    with rd.Collect(devices=2, start_method="fork") as r:
+        out = []
+        for y in r.imap(_feedback(N, got), read_ahead=False):
+            out.append(y)
+            got.put(y)
+        assert out == list(range(N))
+        assert r.stats.direct_items == N
+
+
+def test_an_input_that_turns_from_feedback_to_fast_is_taken_back():
+    """The first items come one per result, then the input runs ahead: the input thread takes
+    it back (its probe) and batches the rest."""
+    got: queue.Queue[int] = queue.Queue()
+    slow, fast = 100, 50_000
+
+    def gen() -> Iterator[int]:
+        yield from _feedback(slow, got)
+        yield from range(slow, slow + fast)
+
+    with rd.CollectUnordered(devices=2, start_method="fork") as r:
+        assert len(r(range(20_000))) == 20_000  # learn that items are cheap
+        out = []
+        for y in r.imap(gen()):
+            out.append(y)
+            if y < slow:
+                got.put(y)
+        assert sorted(out) == list(range(slow + fast))
+        # At most one probe interval (1024 items) one at a time, the rest in batches.
+        assert r.stats.direct_items < slow + 2048
+        assert r.stats.batches < slow + 2048 + fast // 10
+
+
+def test_input_errors_and_ends_in_the_direct_path():
+    got: queue.Queue[int] = queue.Queue()
+
+    def bad() -> Iterator[int]:
+        yield from _feedback(50, got)
+        raise ValueError("input broke")
+
+    with rd.Collect(devices=2, start_method="fork") as r:
+        with pytest.raises(ValueError, match="input broke"):
+            for y in r.imap(bad()):
+                got.put(y)
+        while not got.empty():
+            got.get()
+        out = []
+        for y in r.imap(_feedback(30, got)):  # the runner stays usable
+            out.append(y)
+            got.put(y)
+        assert out == list(range(30))
+        assert r(iter([])) == []
+
+
+def test_consumer_error_names_its_item_inside_a_large_batch():
+    """The consumer loop keeps no per-item index: the failing item is still named exactly
+    when it sits deep inside a batch of many results."""
+    from easycore.errors import WorkerError
+
+    class FailsLate(rd.Collect):
+        @staticmethod
+        def consumer_work(cfg, data):
+            if data == 15_003:
+                raise KeyError("consumer broke")
+            cfg.out.append(data)
+
+    with FailsLate(devices=1, start_method="fork") as r:
+        assert len(r(range(10_000))) == 10_000  # learn that items are cheap: big batches
+        with pytest.raises(WorkerError) as ei:
+            r(range(20_000))
+        assert ei.value.hook == "consumer_work" and ei.value.item == 15_003
+        assert r.stats.batches < 20_000 // 10  # it was inside a batch of many
+
+
+class Payload:
+    """An input item whose lifetime the test follows (weak references)."""
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+class PayloadIndex(rd.Collect):
+    @staticmethod
+    def producer_work(device, cfg, data):
+        return data.i
+
+
+def test_items_read_directly_are_not_kept_alive():
+    """Items sent are dropped from the call's buffer as the receiving thread reads on: a
+    long request/response loop does not hold every input it sent (large inputs would
+    pile up until the input thread takes the input back)."""
+    import gc
+    import weakref
+
+    got: queue.Queue[int] = queue.Queue()
+    alive: weakref.WeakSet[Payload] = weakref.WeakSet()
+    most = 0
+
+    def gen() -> Iterator[Payload]:
+        nonlocal most
+        for i in _feedback(N, got):
+            gc.collect()
+            most = max(most, len(alive)) if i > 100 else most
+            p = Payload(i)
+            alive.add(p)
+            yield p
+
+    with PayloadIndex(devices=1, start_method="fork") as r:
+        out = []
+        for y in r.imap(gen()):
+            out.append(y)
+            got.put(y)
+        assert out == list(range(N))
+        assert r.stats.direct_items > 100
+        assert most <= 8  # the item in flight and a few on their way, not hundreds
+
+
+@pytest.mark.parametrize(
+    ("result_bytes", "expected"),
+    [
+        (8, 10_000),  # tiny results: the window as set
+        (1 << 20, 48),  # 1 MiB: about 48 MiB in flight, not the whole 192 MiB budget
+        (16 << 20, 12),  # 16 MiB: the budget bounds it (at least 8 per producer allowed)
+        (64 << 20, 3),  # 64 MiB: the budget again
+    ],
+)
+def test_large_results_keep_about_a_cache_in_flight(result_bytes, expected):
+    from types import SimpleNamespace
+
+    from easycore._engine.input_side import InputSide
+
+    call = SimpleNamespace(
+        window=10_000,
+        window_floor=10_000,
+        n=2,
+        bytes_per_item=0.0,
+        runner=SimpleNamespace(_out_bytes_per_item=float(result_bytes)),
+        max_inflight_bytes=192 << 20,
+        _batch_size=lambda: 1,
+    )
+    assert InputSide._window_now(call) == expected  # type: ignore[arg-type]
+
+
+def test_consumer_error_while_the_input_is_handed_over():
+    """consumer_work fails while the receiving thread reads the input: the call fails with
+    the hook's error, the parked input thread ends, and the runner stays usable."""
+    from easycore.errors import WorkerError
+
+    got: queue.Queue[int] = queue.Queue()
+
+    class FailsInLoop(rd.Collect):
+        @staticmethod
+        def consumer_work(cfg, data):
+            if data == 200:
+                raise KeyError("consumer broke")
+            cfg.out.append(data)
+            got.put(data)
+
+    with FailsInLoop(devices=2, start_method="fork") as r:
+        with pytest.raises(WorkerError) as ei:
+            r(_feedback(N, got))
+        assert ei.value.hook == "consumer_work" and ei.value.item == 200
+        assert r.stats.direct_items > 0  # it failed on the direct path
+        for t in threading.enumerate():
+            if t.name == "easycore-input":
+                t.join(10)  # a hard bound, not a timing assertion
+        assert [t for t in threading.enumerate() if t.name == "easycore-input"] == []
+        while not got.empty():
+            got.get()
+        assert r(_feedback(50, got)) == list(range(50))
