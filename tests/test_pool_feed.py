@@ -33,6 +33,9 @@ class FakePool:
         self._feed_waiting = False
         self.feed: Feed | None = None
 
+    def _all_sent(self) -> bool:
+        return not self._tasks and all(j.input_done or j.closed for j in self._jobs.values())
+
     def _worker_died(self) -> bool:
         return False
 

@@ -34,6 +34,8 @@ class PoolExecutor(Executor):
         initargs: Iterable[Any] = (),
         **kwargs: Any,
     ) -> None:
+        if isinstance(max_workers, int) and max_workers <= 0:
+            raise ValueError("max_workers must be greater than 0")
         self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
@@ -71,6 +73,8 @@ class PoolExecutor(Executor):
         Returns:
             Iterator: the results.
         """
+        if chunksize < 1:
+            raise ValueError("chunksize must be >= 1.")
         if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0")
         try:

@@ -105,6 +105,9 @@ class Scheduler(Protocol):
     _cuts: int  # times the feed was asked to end the segment it reads
     _feed_waiting: bool  # the feed waits for work
 
+    def _all_sent(self) -> bool:
+        """Whether no task waits and every open job's input was read (or abandoned)."""
+
     def _worker_died(self) -> bool:
         """Whether a worker has died (the feed then takes no more work)."""
 
@@ -172,7 +175,7 @@ class Feed:
                 return self._premade(chosen)  # a submitted task
             job = chosen
             index = job.pulled
-            ahead = min(job.window, job.room[0]) - (index - job.consumed)
+            ahead = job.limit() - (index - job.consumed)
             if job.it is not None and job.chunksize is None:
                 seg = _Segment(self.pos, job, index, max(1, min(ahead, _SEGMENT_MAX, limit)))
                 run, seg.gate = gated(job.it, seg.n)
@@ -258,7 +261,10 @@ class Feed:
                         if job.has_room():
                             self._stop_if_a_worker_died()
                             return job, pool._cuts
-                if pool._closing and not jobs and not pool._tasks:
+                if jobs and any(j.closed for j in jobs.values()):
+                    for jid in [jid for jid, j in jobs.items() if j.closed]:
+                        del jobs[jid]  # abandoned (its results iterator was dropped)
+                if pool._closing and pool._all_sent():
                     raise StopIteration  # closed, and every call and task was sent
                 pool._feed_waiting = True
                 pool._cv.wait(TICK)
@@ -309,6 +315,8 @@ class Feed:
             job = seg.job
             if job is None:
                 out.append(items[i])
+            elif job.closed:  # abandoned: its items travel as nothing (see _run_item)
+                out.extend([None] * m)  # type: ignore[list-item]
             else:
                 out.append(
                     (job.jid, seg.index + pos - seg.start, job.fn, items[i : i + m], job.mode)

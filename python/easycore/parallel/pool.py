@@ -54,7 +54,8 @@ from easycore._engine.stats import RunnerStats
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
-    RunnerClosedError,
+    PoolClosedError,
+    PoolTimeoutError,
     SerializationError,
 )
 from easycore.parallel.feed import _ONE, _STAR, Feed
@@ -70,6 +71,16 @@ _P = ParamSpec("_P")
 
 
 # ----- in the caller -----
+
+
+def _abandon(job: _Job, pool: weakref.ref[Pool]) -> None:
+    """``job``'s results iterator was dropped: the call is abandoned. Takes no lock (this
+    runs wherever the garbage collector does): the feed drops a closed job."""
+    job.closed = True
+    p = pool()
+    feed = p._feed if p is not None else None
+    if feed is not None:
+        feed.cut()
 
 
 class Pool(StreamService):
@@ -135,6 +146,8 @@ class Pool(StreamService):
             processes = "all" if remote else os.cpu_count() or 1
         if isinstance(processes, int) and processes < 1:
             raise InvalidArgument(f"processes must be at least 1, got {processes}")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
         initargs = tuple(initargs)
         # Unless fork is asked for, assume a spawned worker (by value costs nothing under fork).
         how = "ray" if remote else start_method or "spawn"
@@ -214,9 +227,9 @@ class Pool(StreamService):
 
     def _check_open(self) -> None:
         if self._closing:
-            raise RunnerClosedError(f"this {type(self).__name__} is closed")
+            raise PoolClosedError(f"this {type(self).__name__} is closed (Pool not running)")
         if os.getpid() != self._runner._owner_pid:
-            raise RunnerClosedError(
+            raise PoolClosedError(
                 f"this {type(self).__name__} belongs to process {self._runner._owner_pid}; a "
                 "forked child cannot use it"
             )
@@ -263,7 +276,11 @@ class Pool(StreamService):
     def _results(self, job: _Job, timeout: float | None, progress: bool = False) -> Iterator[Any]:
         """The results of ``job``, one at a time: a C-level chain over the lists that
         :meth:`_result_chunks` hands out (no Python frame per result)."""
-        return itertools.chain.from_iterable(self._result_chunks(job, timeout, progress))
+        chunks = self._result_chunks(job, timeout, progress)
+        # A results iterator dropped unconsumed (never started: its finally never runs)
+        # abandons its call, so that close()/shutdown() do not wait for it.
+        weakref.finalize(chunks, _abandon, job, weakref.ref(self))
+        return itertools.chain.from_iterable(chunks)
 
     def _result_chunks(
         self, job: _Job, timeout: float | None, progress: bool
@@ -284,7 +301,7 @@ class Pool(StreamService):
                         if job.error is not None and job.next_index >= job.error_at:
                             raise job.error
                         if self._terminated:
-                            raise RunnerClosedError("the pool was terminated")
+                            raise PoolClosedError("the pool was terminated")
                         n = 0  # results in got (a list of lists: none is copied)
                         if job.ordered:
                             by_index = cast("dict[int, list[Any]]", job.ready)  # ordered: a dict
@@ -311,7 +328,7 @@ class Pool(StreamService):
                         if deadline is not None:
                             wait = min(wait, deadline - time.monotonic())
                             if wait <= 0:
-                                raise TimeoutError(f"no result within timeout={timeout} s")
+                                raise PoolTimeoutError(f"no result within timeout={timeout} s")
                         job.waiting = True
                         job.cv.wait(wait)
                         job.waiting = False
@@ -616,9 +633,13 @@ class Pool(StreamService):
 
     def close(self) -> None:
         """Accepts no new work; the workers exit once the work already given is done
-        (``join()`` waits for that). Closing twice is harmless."""
+        (``join()`` waits for that, not for callers to take their results: the inputs of
+        open calls are then read to their end, as the stdlib's pools do). Closing twice is
+        harmless."""
         with self._cv:
             self._closing = True
+            for job in self._jobs.values():
+                job.drain = True
             self._cv.notify_all()
 
     def terminate(self) -> None:
@@ -637,7 +658,7 @@ class Pool(StreamService):
         if call is not None:
             call.abort = True
             call.attention.set()
-        self._fail_pending(RunnerClosedError("the pool was terminated"))
+        self._fail_pending(PoolClosedError("the pool was terminated"))
         self.join()
 
     def join(self, timeout: float | None = None) -> None:
@@ -662,6 +683,7 @@ class Pool(StreamService):
                 raise err
 
     def __enter__(self) -> Pool:
+        self._check_open()
         return self
 
     def __exit__(self, exc_type: Any, *exc: object) -> None:

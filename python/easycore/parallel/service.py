@@ -17,11 +17,11 @@ from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from easycore._engine.lifecycle import TICK
-from easycore._engine.reports import not_picklable_error, worker_error
+from easycore._engine.reports import not_picklable_error
 from easycore._engine.stream import Call
-from easycore.errors import RunnerClosedError, WorkerDiedError
+from easycore.errors import PoolClosedError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
-from easycore.parallel.job import _Job
+from easycore.parallel.job import _Job, task_error
 from easycore.parallel.tasks import _TaskHooks
 
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
@@ -78,7 +78,7 @@ class StreamService:
                 with self._cv:
                     while not (self._tasks or self._jobs or self._closing):
                         self._cv.wait(TICK)
-                    if self._terminated or (self._closing and not self._tasks and not self._jobs):
+                    if self._terminated or (self._closing and self._all_sent()):
                         return
                     generation = self._generation
                 try:
@@ -115,7 +115,16 @@ class StreamService:
                 runner._shutdown(interrupt=self._terminated)
             except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
                 self._end_error: BaseException | None = e
-            self._fail_pending(RunnerClosedError("the pool was closed"))
+            # After a close, a job whose input was all read got every result (the stream
+            # ended once everything sent came back): its caller may still take them.
+            self._fail_pending(
+                PoolClosedError("the pool was closed"), unfinished_only=not self._terminated
+            )
+
+    def _all_sent(self) -> bool:
+        """Whether no task waits and every open job's input was read (or the job was
+        abandoned): a closing pool's stream ends then (call under ``_cv``)."""
+        return not self._tasks and all(j.input_done or j.closed for j in self._jobs.values())
 
     def _stream_drained(self) -> bool:
         """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
@@ -225,15 +234,16 @@ class StreamService:
             if ok:
                 fut.set_result(value)
             else:
-                fut.set_exception(worker_error(value))
+                fut.set_exception(task_error(value))
         except InvalidStateError:
             pass  # failed meanwhile by terminate()
 
-    def _fail_pending(self, error: BaseException) -> None:
-        """Fails every job and future not finished (the stream they travelled on is gone)."""
+    def _fail_pending(self, error: BaseException, unfinished_only: bool = False) -> None:
+        """Fails every job and future not finished (the stream they travelled on is gone);
+        with ``unfinished_only``, not the jobs whose input was all read and sent."""
         with self._cv:
             self._generation += 1  # the old feed stops taking work
-            jobs = list(self._jobs.values())
+            jobs = [j for j in self._jobs.values() if not (unfinished_only and j.input_done)]
             futures = list(self._running.values())
             self._running.clear()
             queued = list(self._tasks)
