@@ -63,7 +63,7 @@ from easycore.parallel.functions import portable
 from easycore.parallel.job import _Job
 from easycore.parallel.results import AsyncResult, _async_result
 from easycore.parallel.service import _WINDOW, StreamService
-from easycore.parallel.tasks import _TaskHooks, _TaskRunner
+from easycore.parallel.tasks import _TaskHooks, _TaskRunner, abandoned_ring, mark_abandoned
 
 _T = TypeVar("_T")
 _S = TypeVar("_S")
@@ -78,6 +78,8 @@ def _abandon(job: _Job, pool: weakref.ref[Pool]) -> None:
     runs wherever the garbage collector does): the feed drops a closed job."""
     job.closed = True
     p = pool()
+    if p is not None:
+        mark_abandoned(p._abandoned, job.jid)
     feed = p._feed if p is not None else None
     if feed is not None:
         feed.cut()
@@ -167,9 +169,11 @@ class Pool(StreamService):
         self._closing = False
         self._terminated = False
         self._call: Any = None
+        # Calls abandoned while their items are queued: the workers skip those items.
+        self._abandoned = None if remote else abandoned_ring()
         self._runner = self._runner_cls(
             processes,
-            (init, initargs),
+            (init, initargs, self._abandoned),
             queue_scale=queue_scale,
             start_method=start_method,
             window=window or _WINDOW,
@@ -267,6 +271,8 @@ class Pool(StreamService):
 
     def _close_job(self, job: _Job) -> None:
         with job.cv:
+            if not (job.input_done and job.consumed >= job.pulled):
+                mark_abandoned(self._abandoned, job.jid)  # left early: skip what is queued
             job.closed = True
         with self._cv:
             self._jobs.pop(job.jid, None)
