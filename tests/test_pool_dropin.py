@@ -150,3 +150,35 @@ def test_argument_checks_raise_the_stdlib_types() -> None:
     with Pool(1, start_method="fork") as pool2:
         with pytest.raises(ValueError):
             pool2.map(pd.square, [1], chunksize=0)
+
+
+def test_a_dropped_pool_warns_and_stops_its_workers() -> None:
+    pool = Pool(2, start_method="fork")
+    assert pool.map(pd.square, range(10)) == [x * x for x in range(10)]
+    procs = list(pool._runner._workers.procs)
+    time.sleep(1.5)  # idle: its stream ends, the service thread holds it weakly
+    service = pool._service
+    with pytest.warns(ResourceWarning, match="unclosed running multiprocessing pool"):
+        del pool
+        gc.collect()
+    service.join(60)
+    assert not service.is_alive()
+    for p in procs:
+        p.join(60)
+        assert not p.is_alive()
+
+
+def test_a_dropped_executor_does_not_warn() -> None:
+    import warnings
+
+    ex = PoolExecutor(1, start_method="fork")
+    assert ex.submit(pd.square, 3).result(timeout=60) == 9
+    procs = list(ex.pool._runner._workers.procs)
+    time.sleep(1.5)  # idle: its stream ends, the service thread holds it weakly
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        del ex
+        gc.collect()
+    for p in procs:  # its workers are stopped all the same
+        p.join(60)
+        assert not p.is_alive()

@@ -37,6 +37,7 @@ class PoolExecutor(Executor):
         if isinstance(max_workers, int) and max_workers <= 0:
             raise ValueError("max_workers must be greater than 0")
         self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
+        self.pool._open_flag.append(False)  # dropped without shutdown(): no warning
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         """Schedules ``fn(*args, **kwargs)`` (see :meth:`Pool.submit`).

@@ -69,6 +69,7 @@ _WorkResult: TypeAlias = tuple[int, int, bool, Any]
 """``(job, index, ok, value)``, what a producer returns for a work item."""
 
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of a work item
+_IDLE_END_S = 1.0  # seconds without work after which a stream ends (see Feed._choose)
 _HEALTH_EVERY_S = 0.005  # at most this often, the feed asks whether a worker died
 # Most items in one segment: its gate list is allocated whole, and a segment that a submit
 # cuts early would waste the rest (a few µs of bookkeeping per segment is nothing at this size).
@@ -240,6 +241,7 @@ class Feed:
         """A task item to send, or a job with room, and the pool's cut count when chosen;
         waits for either. StopIteration at the end."""
         pool = self.pool
+        idle_since: float | None = None
         with pool._cv:
             while True:
                 if self.generation != pool._generation:
@@ -266,6 +268,15 @@ class Feed:
                         del jobs[jid]  # abandoned (its results iterator was dropped)
                 if pool._closing and pool._all_sent():
                     raise StopIteration  # closed, and every call and task was sent
+                if jobs or pool._tasks or pool._running or not pool._stream_drained():
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > _IDLE_END_S:
+                    # Idle a while: the stream ends (the next call starts another), so that
+                    # the service thread holds its pool only weakly and a pool dropped
+                    # without close() is collected and finalized.
+                    raise StopIteration
                 pool._feed_waiting = True
                 pool._cv.wait(TICK)
                 pool._feed_waiting = False

@@ -43,6 +43,7 @@ import os
 import pickle
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sized
 from concurrent.futures import Future
@@ -62,7 +63,7 @@ from easycore.parallel.feed import _ONE, _STAR, Feed
 from easycore.parallel.functions import portable
 from easycore.parallel.job import _Job
 from easycore.parallel.results import AsyncResult, _async_result
-from easycore.parallel.service import _WINDOW, StreamService
+from easycore.parallel.service import _WINDOW, StreamService, _service_main
 from easycore.parallel.tasks import _TaskHooks, _TaskRunner, abandoned_ring, mark_abandoned
 
 _T = TypeVar("_T")
@@ -71,6 +72,22 @@ _P = ParamSpec("_P")
 
 
 # ----- in the caller -----
+
+
+def _finalize_pool(runner: Any, cv: threading.Condition, open_flag: list[bool], text: str) -> None:
+    """A pool was collected: warns if it was left open, and stops its workers."""
+    if open_flag[0]:
+        open_flag[0] = False
+        if len(open_flag) == 1:  # not an executor's pool (they do not warn, as the stdlib)
+            warnings.warn(
+                f"unclosed running multiprocessing pool {text}", ResourceWarning, stacklevel=2
+            )
+    with cv:
+        cv.notify_all()  # the service thread finds its pool gone and ends
+    try:
+        runner._shutdown(interrupt=True)
+    except BaseException:  # noqa: BLE001, S110 - nothing to report to: the pool is gone
+        pass
 
 
 def _abandon(job: _Job, pool: weakref.ref[Pool]) -> None:
@@ -189,9 +206,22 @@ class Pool(StreamService):
         self._item_cost = 0.0  # worker seconds per map item, learned
         self._room = [_WINDOW]  # results a job may hold ahead of its caller (by bytes)
         self._n_results = 0  # map results received by the current stream
-        self._service = threading.Thread(target=self._serve, name="easycore-pool", daemon=True)
+        self._service = threading.Thread(
+            target=_service_main,
+            args=(weakref.ref(self), self._cv),
+            name="easycore-pool",
+            daemon=True,
+        )
         self._service.start()
         lifecycle.register(Stage.POOL, self)
+        # A pool dropped without close() or terminate() (as multiprocessing.Pool.__del__):
+        # a ResourceWarning, and its workers are stopped. The service thread holds the pool
+        # only weakly while it waits for work, so an idle dropped pool is collected.
+        self._open_flag = [True]  # cleared by close() and terminate()
+        fin = weakref.finalize(
+            self, _finalize_pool, self._runner, self._cv, self._open_flag, repr(self)
+        )
+        fin.atexit = False  # at exit, lifecycle.stop_all stops what is still open
 
     # ----- properties -----
 
@@ -642,6 +672,7 @@ class Pool(StreamService):
         (``join()`` waits for that, not for callers to take their results: the inputs of
         open calls are then read to their end, as the stdlib's pools do). Closing twice is
         harmless."""
+        self._open_flag[0] = False
         with self._cv:
             self._closing = True
             for job in self._jobs.values():
@@ -652,6 +683,7 @@ class Pool(StreamService):
         """Stops at once: queued futures are cancelled, running ones and open calls fail with
         :class:`~easycore.errors.RunnerClosedError`, and the workers are stopped (busy ones
         interrupted). Waits for that."""
+        self._open_flag[0] = False
         with self._cv:
             self._closing = True
             self._terminated = True

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
@@ -40,6 +41,33 @@ def _for_pool(e: BaseException) -> BaseException:
             "Every pending call and future of the pool failed; its next call restarts the workers"
         )
     return e
+
+
+def _service_main(ref: weakref.ref[StreamService], cv: threading.Condition) -> None:
+    """The service thread: waits for work holding only a weak reference to its pool (so
+    that a pool dropped without ``close()`` is collected and finalized: see
+    ``Pool.__init__``), then runs streams while there is work."""
+    while True:
+        pool = ref()
+        if pool is None:
+            return  # dropped: its finalizer stops the workers
+        try:
+            with cv:
+                if not (pool._tasks or pool._jobs or pool._closing):
+                    del pool
+                    cv.wait(TICK)
+                    continue
+                end = pool._terminated or (pool._closing and pool._all_sent())
+                generation = pool._generation
+            if end or pool._serve_stream(generation):
+                pool._serve_end()
+                return
+        except BaseException:
+            pool = ref()
+            if pool is not None:
+                pool._serve_end()
+            raise
+        del pool
 
 
 class StreamService:
@@ -70,56 +98,56 @@ class StreamService:
     # ----- the stream (service thread) -----
 
     def _serve(self) -> None:
+        """The service thread's body (kept for callers that run it directly)."""
+        _service_main(weakref.ref(self), self._cv)
+
+    def _serve_stream(self, generation: int) -> bool:
+        """Runs one stream (one generation) until it ends; True if the service is over."""
         runner = self._runner
+        feed: Feed | None = None
+        call: Call | None = None
         try:
-            while True:
-                feed: Feed | None = None
-                call: Call | None = None
-                with self._cv:
-                    while not (self._tasks or self._jobs or self._closing):
-                        self._cv.wait(TICK)
-                    if self._terminated or (self._closing and self._all_sent()):
-                        return
-                    generation = self._generation
-                try:
-                    runner.activate()  # after a failure: restart the workers for new work
-                    feed = Feed(self, generation)
-                    call = Call(
-                        runner,
-                        feed,
-                        False,
-                        None,
-                        True,
-                        pack=feed.pack,
-                        cost=self._cost_per_value,
-                        runs=feed,
-                    )
-                    self._call = call
-                    self._feed = feed
-                    self._n_results = 0
-                    route = self._route
-                    for results in call.iterate_chunks():
-                        route(results)
-                    if self._closing:
-                        return
-                except BaseException as e:  # noqa: BLE001 - every pending caller gets it
-                    if self._quiet_restart(e, feed, call):
-                        continue  # the loop restarts the workers; nothing failed
-                    self._fail_pending(_for_pool(e))
-                    if self._terminated:
-                        return
-        finally:
-            self._call = None
-            self._feed = None
-            try:
-                runner._shutdown(interrupt=self._terminated)
-            except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
-                self._end_error: BaseException | None = e
-            # After a close, a job whose input was all read got every result (the stream
-            # ended once everything sent came back): its caller may still take them.
-            self._fail_pending(
-                PoolClosedError("the pool was closed"), unfinished_only=not self._terminated
+            runner.activate()  # after a failure: restart the workers for new work
+            feed = Feed(self, generation)
+            call = Call(
+                runner,
+                feed,
+                False,
+                None,
+                True,
+                pack=feed.pack,
+                cost=self._cost_per_value,
+                runs=feed,
             )
+            self._call = call
+            self._feed = feed
+            self._n_results = 0
+            route = self._route
+            for results in call.iterate_chunks():
+                route(results)
+            if self._closing:
+                return True
+        except BaseException as e:  # noqa: BLE001 - every pending caller gets it
+            if self._quiet_restart(e, feed, call):
+                return False  # the loop restarts the workers; nothing failed
+            self._fail_pending(_for_pool(e))
+            if self._terminated:
+                return True
+        return False
+
+    def _serve_end(self) -> None:
+        """The service is over: stops the workers and fails what is still pending."""
+        self._call = None
+        self._feed = None
+        try:
+            self._runner._shutdown(interrupt=self._terminated)
+        except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
+            self._end_error: BaseException | None = e
+        # After a close, a job whose input was all read got every result (the stream
+        # ended once everything sent came back): its caller may still take them.
+        self._fail_pending(
+            PoolClosedError("the pool was closed"), unfinished_only=not self._terminated
+        )
 
     def _all_sent(self) -> bool:
         """Whether no task waits and every open job's input was read (or the job was
