@@ -16,7 +16,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pool_defs as pd
 import pytest
-from easycore.errors import RemoteTraceback, SerializationError, WorkerDiedError
+from easycore.errors import SerializationError, WorkerDiedError
 from easycore.parallel import Pool, PoolExecutor
 
 pytestmark = pytest.mark.timeout(120)
@@ -95,7 +95,7 @@ def test_a_task_error_is_the_original_exception_with_its_args() -> None:
         e = info.value
         assert type(e) is KeyError
         assert e.args == (42,)
-        assert isinstance(e.__cause__, RemoteTraceback)
+        assert type(e.__cause__) is multiprocessing.pool.RemoteTraceback
         assert "_raise_missing" in str(e.__cause__)
         assert e.item == 2  # type: ignore[attr-defined]
         assert any("item 2" in note for note in e.__notes__)
@@ -182,3 +182,20 @@ def test_a_dropped_executor_does_not_warn() -> None:
     for p in procs:  # its workers are stopped all the same
         p.join(60)
         assert not p.is_alive()
+
+
+def _failing_input(n: int, bad: int):  # type: ignore[no-untyped-def]
+    for i in range(n):
+        if i == bad:
+            raise OSError("input broke")
+        yield i
+
+
+@pytest.mark.parametrize("chunksize", [None, 1])
+def test_imap_yields_the_results_ahead_of_an_input_error(chunksize: int | None) -> None:
+    with Pool(2, start_method="fork") as pool:
+        it = pool.imap(pd.square, _failing_input(10, 5), chunksize)
+        assert [next(it) for _ in range(5)] == [0, 1, 4, 9, 16]
+        with pytest.raises(OSError, match="input broke") as info:
+            next(it)
+        assert info.value.__cause__ is None  # the caller's own error, not a remote one

@@ -194,7 +194,7 @@ class Feed:
                 else:
                     items = list(itertools.islice(job.it, size))  # type: ignore[arg-type]
             except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
-                job.fail(e)
+                job.fail_input(e)
                 continue
             job.pulled = index + len(items)  # before input_done: the caller checks both
             if len(items) < size:
@@ -216,7 +216,7 @@ class Feed:
         self.reading = None
         job.pulled = seg.index + got  # type: ignore[union-attr]
         if error is not None:
-            job.fail(error)  # type: ignore[union-attr]
+            job.fail_input(error)  # type: ignore[union-attr]
         elif got < seg.n and not seg.cut:
             self._ended(job)  # type: ignore[arg-type]
 

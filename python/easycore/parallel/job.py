@@ -6,10 +6,10 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Iterable, Sequence
+from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any, cast
 
 from easycore._engine.reports import _loads_or_none, worker_error
-from easycore.errors import RemoteTraceback
 
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 
@@ -127,6 +127,16 @@ class _Job:
                 self.ready.append(value)  # type: ignore[union-attr]
             if self.waiting:
                 self.cv.notify()
+
+    def fail_input(self, error: BaseException) -> None:
+        """The input raised ``error`` after ``pulled`` items: an ordered job hands out the
+        results ahead of it first (as ``multiprocessing.Pool.imap`` does)."""
+        with self.cv:
+            self.input_done = True
+            if self.error is None or (self.ordered and self.pulled < self.error_at):
+                self.error = error
+                self.error_at = self.pulled if self.ordered else 0
+            self.cv.notify_all()
 
     def fail(self, error: BaseException) -> None:
         with self.cv:
