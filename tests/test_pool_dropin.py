@@ -199,3 +199,29 @@ def test_imap_yields_the_results_ahead_of_an_input_error(chunksize: int | None) 
         with pytest.raises(OSError, match="input broke") as info:
             next(it)
         assert info.value.__cause__ is None  # the caller's own error, not a remote one
+
+
+def _square_and_pid(x: int) -> tuple[int, int]:
+    return x * x, os.getpid()
+
+
+@pytest.mark.parametrize("how", ["map", "submit"])
+def test_maxtasksperchild_replaces_the_workers_and_keeps_results(how: str) -> None:
+    with Pool(2, start_method="fork", maxtasksperchild=3) as pool:
+        first = {p.pid for p in pool._runner._workers.procs}
+        if how == "map":
+            out = pool.map(_square_and_pid, range(30), chunksize=1)
+        else:
+            futs = [pool.submit(_square_and_pid, x) for x in range(30)]
+            out = [f.result(timeout=60) for f in futs]
+    assert [r for r, _ in out] == [x * x for x in range(30)]
+    pids = {p for _, p in out}
+    # 30 tasks, 2 workers, 3 tasks each: at least 5 generations of workers (each ran some)
+    assert len(pids) >= 5 and not pids <= first, pids
+    assert max(sum(1 for _, p in out if p == pid) for pid in pids) <= 3 * 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.5, "12"])
+def test_maxtasksperchild_must_be_a_positive_int(bad: object) -> None:
+    with pytest.raises(ValueError):
+        Pool(1, maxtasksperchild=bad)  # type: ignore[arg-type]

@@ -22,6 +22,8 @@ class PoolExecutor(Executor):
             CPU workers, or a list of devices).
         initializer (Callable, optional): as for :class:`Pool`.
         initargs (tuple): as for :class:`Pool`.
+        max_tasks_per_child (int, optional): ``ProcessPoolExecutor``'s worker recycling:
+            :class:`Pool`'s ``maxtasksperchild`` (under every start method, fork included).
         **kwargs: the other keyword arguments of :class:`Pool`.
     """
 
@@ -32,10 +34,18 @@ class PoolExecutor(Executor):
         max_workers: int | Iterable[str] | None = None,
         initializer: Callable[..., Any] | None = None,
         initargs: Iterable[Any] = (),
+        *,
+        max_tasks_per_child: int | None = None,
         **kwargs: Any,
     ) -> None:
         if isinstance(max_workers, int) and max_workers <= 0:
             raise ValueError("max_workers must be greater than 0")
+        if max_tasks_per_child is not None:
+            if type(max_tasks_per_child) is not int:
+                raise TypeError("max_tasks_per_child must be an integer")
+            if max_tasks_per_child <= 0:
+                raise ValueError("max_tasks_per_child must be >= 1")
+            kwargs["maxtasksperchild"] = max_tasks_per_child
         self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
         self.pool._open_flag.append(False)  # dropped without shutdown(): no warning
 

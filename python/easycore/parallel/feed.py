@@ -104,6 +104,8 @@ class Scheduler(Protocol):
     _closing: bool
     _generation: int  # the stream's number: a feed of an older one takes nothing
     _cuts: int  # times the feed was asked to end the segment it reads
+    _tasks_per_stream: int  # maxtasksperchild × workers: the stream then ends (0: no bound)
+    _recycle: bool  # set by the feed: the stream ended for the workers to be replaced
     _feed_waiting: bool  # the feed waits for work
 
     def _all_sent(self) -> bool:
@@ -141,6 +143,7 @@ class Feed:
         # everything it sent lost nothing (see Pool._quiet_restart).
         self.stopped_for_death = False
         self._next_health = 0.0
+        self.sent = 0  # tasks and items taken (at most; for maxtasksperchild)
 
     def __iter__(self) -> Iterator[Any]:
         """The stream item by item, counting each run's items: the stream's input iterable
@@ -168,17 +171,25 @@ class Feed:
             if seg is not None:
                 assert got is not None, "a job's run ended without its count"
                 self._settle(seg, got, None)
+            budget = pool._tasks_per_stream
+            if budget and self.sent >= budget:
+                pool._recycle = True  # the workers ran their tasks: replace them
+                return None
             try:
                 chosen, cuts = self._choose()
             except StopIteration:
                 return None
             if isinstance(chosen, tuple):
+                self.sent += 1
                 return self._premade(chosen)  # a submitted task
             job = chosen
             index = job.pulled
             ahead = job.limit() - (index - job.consumed)
+            if budget:
+                ahead = min(ahead, budget - self.sent)
             if job.it is not None and job.chunksize is None:
                 seg = _Segment(self.pos, job, index, max(1, min(ahead, _SEGMENT_MAX, limit)))
+                self.sent += seg.n
                 run, seg.gate = gated(job.it, seg.n)
                 self.segs.append(seg)  # registered before the engine sees its first item
                 self.reading = seg
@@ -197,6 +208,7 @@ class Feed:
                 job.fail_input(e)
                 continue
             job.pulled = index + len(items)  # before input_done: the caller checks both
+            self.sent += len(items)
             if len(items) < size:
                 self._ended(job)
                 if not items:

@@ -134,6 +134,13 @@ class Pool(StreamService):
             few.
         queue_scale (float): scales the shared-memory queues (as for the runners).
         close_timeout (float): seconds ``close()``/``join()`` leave the workers to exit.
+        maxtasksperchild (int, optional): replace the workers after this many tasks each
+            (``multiprocessing.Pool``'s worker recycling, for code that leaks): once the
+            pool has sent ``maxtasksperchild`` × workers tasks (a submitted task, or one
+            item of a ``map``), it stops sending, lets them finish, and starts new workers
+            for the rest. Every worker is replaced together, so one worker may run more
+            than its share (at most ``maxtasksperchild`` × workers) when others are slow.
+            Default None: workers live as long as the pool.
         backend (str or object, optional): where the workers run, as for the runners:
             ``"ray"`` (or an ``easycore.ray.RayBackend``) makes each worker a Ray actor
             (``processes`` then as the Ray backend's ``devices``; default ``"all"``, one
@@ -155,7 +162,12 @@ class Pool(StreamService):
         close_timeout: float = 10.0,
         devices: int | Iterable[str] | None = None,
         backend: Any = None,
+        maxtasksperchild: int | None = None,
     ) -> None:
+        if maxtasksperchild is not None and (
+            type(maxtasksperchild) is not int or maxtasksperchild < 1
+        ):
+            raise ValueError("maxtasksperchild must be a positive int or None")
         if devices is not None:
             if processes is not None:
                 raise InvalidArgument("give processes or devices, not both")
@@ -200,6 +212,8 @@ class Pool(StreamService):
             on_unsendable=weakref.WeakMethod(self._unsendable),
         )
         self._window = self._runner._window
+        self._recycle = False
+        self._tasks_per_stream = (maxtasksperchild or 0) * len(self._runner.devices)
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
         # is still cancellable (it is "running" once sent), yet every worker has a next one.
         self._task_window = max(4, 2 * len(self._runner.devices))

@@ -93,6 +93,8 @@ class StreamService:
     _item_cost: float  # worker seconds per map item, learned
     _room: list[int]  # results a job may hold ahead of its caller (by bytes)
     _n_results: int  # map results received by the current stream
+    _tasks_per_stream: int  # maxtasksperchild × workers (0: no bound)
+    _recycle: bool  # the last stream ended for its workers to be replaced
     _end_error: BaseException | None
 
     # ----- the stream (service thread) -----
@@ -127,6 +129,9 @@ class StreamService:
                 route(results)
             if self._closing:
                 return True
+            if self._recycle:  # maxtasksperchild: the next stream starts new workers
+                self._recycle = False
+                self._runner._shutdown(interrupt=False)
         except BaseException as e:  # noqa: BLE001 - every pending caller gets it
             if self._quiet_restart(e, feed, call):
                 return False  # the loop restarts the workers; nothing failed
