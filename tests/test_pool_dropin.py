@@ -225,3 +225,23 @@ def test_maxtasksperchild_replaces_the_workers_and_keeps_results(how: str) -> No
 def test_maxtasksperchild_must_be_a_positive_int(bad: object) -> None:
     with pytest.raises(ValueError):
         Pool(1, maxtasksperchild=bad)  # type: ignore[arg-type]
+
+
+def test_shutdown_without_wait_and_interpreter_exit_finish_pending_tasks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    script = f"""
+import sys, time
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+import pool_defs as pd
+from easycore.parallel import PoolExecutor
+ex = PoolExecutor(1, start_method="fork")
+for i in range(4):
+    ex.submit(pd.mark, {str(tmp_path)!r} + f"/done{{i}}", i)
+ex.submit(time.sleep, 0.3)
+ex.shutdown(wait=False)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], timeout=90, capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"done{i}" for i in range(4)]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from typing import Any, ParamSpec, TypeVar
@@ -11,6 +13,25 @@ from easycore.parallel.pool import Pool
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
+
+
+# The pools of live executors: at interpreter exit their pending work is finished (as
+# concurrent.futures does), before easycore's own exit hook stops what is left.
+_LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+def _finish_at_exit() -> None:
+    for pool in list(_LIVE):
+        try:
+            if not pool._terminated:
+                pool.close()
+                pool.join()
+        except BaseException:  # noqa: BLE001, S110 - exiting: the exit hook stops the rest
+            pass
+
+
+# Registered after easycore's exit hook (imported above), so it runs before it.
+atexit.register(_finish_at_exit)
 
 
 class PoolExecutor(Executor):
@@ -48,6 +69,7 @@ class PoolExecutor(Executor):
             kwargs["maxtasksperchild"] = max_tasks_per_child
         self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
         self.pool._open_flag.append(False)  # dropped without shutdown(): no warning
+        _LIVE.add(self.pool)
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         """Schedules ``fn(*args, **kwargs)`` (see :meth:`Pool.submit`).
@@ -96,6 +118,8 @@ class PoolExecutor(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accepts no new work; with ``wait``, waits for pending work and the workers.
+        Without it, pending work still finishes (at interpreter exit too, as in
+        ``concurrent.futures``).
 
         Args:
             wait (bool): wait for pending futures and the workers to finish.
