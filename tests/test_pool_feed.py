@@ -36,6 +36,9 @@ class FakePool:
     def _all_sent(self) -> bool:
         return not self._tasks and all(j.input_done or j.closed for j in self._jobs.values())
 
+    def _compact_input(self) -> None:
+        pass
+
     def _worker_died(self) -> bool:
         return False
 

@@ -111,6 +111,9 @@ class Scheduler(Protocol):
     def _all_sent(self) -> bool:
         """Whether no task waits and every open job's input was read (or abandoned)."""
 
+    def _compact_input(self) -> None:
+        """Frees the input already sent (before the feed waits)."""
+
     def _worker_died(self) -> bool:
         """Whether a worker has died (the feed then takes no more work)."""
 
@@ -175,6 +178,8 @@ class Feed:
             if budget and self.sent >= budget:
                 pool._recycle = True  # the workers ran their tasks: replace them
                 return None
+            # No reference to a finished job while waiting (its input and results are freed).
+            job = seg = chosen = None  # type: ignore[assignment]
             try:
                 chosen, cuts = self._choose()
             except StopIteration:
@@ -275,6 +280,7 @@ class Feed:
                         if job.has_room():
                             self._stop_if_a_worker_died()
                             return job, pool._cuts
+                    del order, job  # not held while waiting: a finished job is freed
                 if jobs and any(j.closed for j in jobs.values()):
                     for jid in [jid for jid, j in jobs.items() if j.closed]:
                         del jobs[jid]  # abandoned (its results iterator was dropped)
@@ -289,6 +295,8 @@ class Feed:
                     # the service thread holds its pool only weakly and a pool dropped
                     # without close() is collected and finalized.
                     raise StopIteration
+                if not pool._feed_waiting and not jobs and not pool._tasks:
+                    pool._compact_input()  # nothing to read: free what was sent
                 pool._feed_waiting = True
                 pool._cv.wait(TICK)
                 pool._feed_waiting = False

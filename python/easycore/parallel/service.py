@@ -127,6 +127,7 @@ class StreamService:
             route = self._route
             for results in call.iterate_chunks():
                 route(results)
+                del results  # not held while waiting: results handed out are freed
             if self._closing:
                 return True
             if self._recycle:  # maxtasksperchild: the next stream starts new workers
@@ -158,6 +159,14 @@ class StreamService:
         """Whether no task waits and every open job's input was read (or the job was
         abandoned): a closing pool's stream ends then (call under ``_cv``)."""
         return not self._tasks and all(j.input_done or j.closed for j in self._jobs.values())
+
+    def _compact_input(self) -> None:
+        """Drops the stream's sent input from the engine's buffer (called by the feed's
+        thread, the engine's run reader, before it waits for work): a finished call's
+        arguments are not kept alive while the pool idles."""
+        call = self._call
+        if call is not None:
+            call._compact()
 
     def _stream_drained(self) -> bool:
         """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
