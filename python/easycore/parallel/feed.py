@@ -154,7 +154,13 @@ class Feed:
         After an input error, :meth:`recover` it with the number of items the failing run
         gave."""
         got = None
-        while (run := self.next_run(_SEGMENT_MAX, got)) is not None:
+        run: Iterable[Any] | None = None
+        x: Any = None
+        while True:
+            run = x = None  # the last item is not held while the next run is awaited
+            run = self.next_run(_SEGMENT_MAX, got)
+            if run is None:
+                return
             got = 0
             for x in run:
                 got += 1
@@ -220,10 +226,12 @@ class Feed:
                     continue
             return self._premade((job.jid, index, job.fn, items, job.mode))
 
-    def _premade(self, item: _WorkItem) -> tuple[_WorkItem]:
+    def _premade(self, item: _WorkItem) -> Iterator[_WorkItem]:
         self.segs.append(_Segment(self.pos))
         self.pos += 1
-        return (item,)
+        # A list iterator lets go of its item once read: the engine's reader, which keeps
+        # the run while it waits for the next, does not keep a finished call's arguments.
+        return iter([item])
 
     def _settle(self, seg: _Segment, got: int, error: BaseException | None) -> None:
         """The input thread is done with ``seg``, which gave ``got`` items; its job's input is
