@@ -245,3 +245,14 @@ ex.shutdown(wait=False)
     proc = subprocess.run([sys.executable, "-c", script], timeout=90, capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"done{i}" for i in range(4)]
+
+
+def test_shutdown_cancel_futures_cancels_only_tasks_not_started() -> None:
+    ex = PoolExecutor(2, start_method="fork")
+    fs = [ex.submit(time.sleep, 0.05) for _ in range(50)]
+    ex.shutdown(cancel_futures=True)
+    cancelled = [f for f in fs if f.cancelled()]
+    assert len(cancelled) > 20
+    for f in fs:
+        if not f.cancelled():  # those already running finished, without error
+            assert f.done() and f.exception() is None

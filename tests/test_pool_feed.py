@@ -31,6 +31,8 @@ class FakePool:
         self._generation = 0
         self._cuts = 0
         self._feed_waiting = False
+        self._tasks_per_stream = 0
+        self._recycle = False
         self.feed: Feed | None = None
 
     def _all_sent(self) -> bool:

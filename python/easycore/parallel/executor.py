@@ -6,6 +6,7 @@ import atexit
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
+from concurrent.futures.process import _RemoteTraceback
 from typing import Any, ParamSpec, TypeVar
 
 from easycore.errors import RunnerClosedError
@@ -44,7 +45,8 @@ class PoolExecutor(Executor):
         initializer (Callable, optional): as for :class:`Pool`.
         initargs (tuple): as for :class:`Pool`.
         max_tasks_per_child (int, optional): ``ProcessPoolExecutor``'s worker recycling:
-            :class:`Pool`'s ``maxtasksperchild`` (under every start method, fork included).
+            :class:`Pool`'s ``maxtasksperchild``. As in the stdlib, the start method then
+            defaults to spawn, and fork is refused (``ValueError``).
         **kwargs: the other keyword arguments of :class:`Pool`.
     """
 
@@ -66,9 +68,18 @@ class PoolExecutor(Executor):
                 raise TypeError("max_tasks_per_child must be an integer")
             if max_tasks_per_child <= 0:
                 raise ValueError("max_tasks_per_child must be >= 1")
+            # As ProcessPoolExecutor: workers are restarted while the pool's threads run,
+            # which fork must not do; spawn is the default then.
+            if kwargs.get("start_method") == "fork":
+                raise ValueError(
+                    "max_tasks_per_child is incompatible with the 'fork' start method; "
+                    "use 'spawn' or 'forkserver'"
+                )
+            kwargs.setdefault("start_method", "spawn")
             kwargs["maxtasksperchild"] = max_tasks_per_child
         self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
         self.pool._open_flag.append(False)  # dropped without shutdown(): no warning
+        self.pool._remote_tb = _RemoteTraceback  # a future's error's cause, as the stdlib's
         _LIVE.add(self.pool)
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
@@ -128,8 +139,12 @@ class PoolExecutor(Executor):
         pool = self.pool
         if cancel_futures:
             with pool._cv:
-                queued = list(pool._tasks)
-                pool._tasks.clear()
+                # Those the workers take next count as running (the stdlib's call queue
+                # holds as many): the rest is cancelled.
+                keep = max(0, pool._task_window - len(pool._running))
+                queued = list(pool._tasks)[keep:]
+                for _ in queued:
+                    pool._tasks.pop()
             for fut, _tid, _blob in queued:
                 fut.cancel()
         pool.close()

@@ -185,7 +185,7 @@ class Feed:
                 pool._recycle = True  # the workers ran their tasks: replace them
                 return None
             # No reference to a finished job while waiting (its input and results are freed).
-            job = seg = chosen = None  # type: ignore[assignment]
+            job = seg = chosen = None
             try:
                 chosen, cuts = self._choose()
             except StopIteration:

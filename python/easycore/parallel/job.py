@@ -14,13 +14,15 @@ from easycore._engine.reports import _loads_or_none, worker_error
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 
 
-def task_error(report: dict[str, Any]) -> BaseException:
+def task_error(report: dict[str, Any], cause: type = RemoteTraceback) -> BaseException:
     """The exception a pool's caller gets for a task's error report: the original exception
     (its own type and ``args``, as ``multiprocessing`` and ``concurrent.futures`` re-raise
-    it), with the remote traceback as ``__cause__``; easycore's context rides along as
-    attributes (``hook``, ``device``, ``item``, ``remote_traceback``) and a note. Where the
-    exception cannot travel (it does not pickle, or is not importable here), or the error
-    is easycore's own (a result that cannot be pickled), the runners' error is used."""
+    it), with the remote traceback as ``__cause__`` (a ``cause``: ``multiprocessing``'s
+    ``RemoteTraceback``, or ``concurrent.futures``' for an executor's futures). easycore's
+    context rides along as attributes (``hook``, ``device``, ``item``,
+    ``remote_traceback``) and a note. Where the exception cannot travel (it does not
+    pickle, or is not importable here), or the error is easycore's own (a result that
+    cannot be pickled), the runners' error is used."""
     exc = _loads_or_none(report.get("exc")) if report.get("kind") == "hook" else None
     if not isinstance(exc, BaseException):
         return worker_error(report)
@@ -43,7 +45,7 @@ def task_error(report: dict[str, Any]) -> BaseException:
         exc.add_note(where)
     except Exception:  # noqa: BLE001 - never hide the error for its note
         pass
-    exc.__cause__ = RemoteTraceback(tb)
+    exc.__cause__ = cause(tb)
     return exc
 
 

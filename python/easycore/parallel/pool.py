@@ -47,6 +47,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sized
 from concurrent.futures import Future
+from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any, ParamSpec, TypeVar, cast
 
 from easycore._engine import lifecycle
@@ -148,6 +149,7 @@ class Pool(StreamService):
     """
 
     _runner_cls: type[_TaskHooks] = _TaskRunner
+    _remote_tb: type = RemoteTraceback  # a task error's __cause__, as multiprocessing's
 
     def __init__(
         self,

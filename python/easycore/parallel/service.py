@@ -96,6 +96,7 @@ class StreamService:
     _tasks_per_stream: int  # maxtasksperchild × workers (0: no bound)
     _recycle: bool  # the last stream ended for its workers to be replaced
     _end_error: BaseException | None
+    _remote_tb: type  # the type of a future's error's __cause__ (the remote traceback)
 
     # ----- the stream (service thread) -----
 
@@ -276,7 +277,7 @@ class StreamService:
             if ok:
                 fut.set_result(value)
             else:
-                fut.set_exception(task_error(value))
+                fut.set_exception(task_error(value, self._remote_tb))
         except InvalidStateError:
             pass  # failed meanwhile by terminate()
 
