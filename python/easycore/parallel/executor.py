@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import multiprocessing
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
@@ -79,6 +80,8 @@ class PoolExecutor(Executor):
             kwargs["maxtasksperchild"] = max_tasks_per_child
         self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
         self.pool._open_flag.append(False)  # dropped without shutdown(): no warning
+        # What ProcessPoolExecutor calls its start method (code written for it reads it).
+        self._mp_context = multiprocessing.get_context(self.pool.start_method)
         self.pool._remote_tb = _RemoteTraceback  # a future's error's cause, as the stdlib's
         _LIVE.add(self.pool)
 

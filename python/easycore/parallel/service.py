@@ -129,8 +129,9 @@ class StreamService:
             for results in call.iterate_chunks():
                 route(results)
                 del results  # not held while waiting: results handed out are freed
-            if self._closing:
-                return True
+            with self._cv:
+                if self._closing and self._all_sent():
+                    return True
             if self._recycle:  # maxtasksperchild: the next stream starts new workers
                 self._recycle = False
                 self._runner._shutdown(interrupt=False)
