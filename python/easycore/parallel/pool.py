@@ -21,9 +21,9 @@ How work travels::
   packs into one work item per run of a job's items.
 * Every item is ``(job, index, function, argument, mode)``; a producer returns
   ``(job, index, ok, value)``. A task's exception is caught in the producer and re-raised in
-  the caller as the runners do (a :class:`~easycore.errors.WorkerError` that is also an
-  instance of the original type, with the remote traceback), so it fails only its own job or
-  future while the stream goes on.
+  the caller as the stdlib's pools do (the original exception, its type and ``args``, with
+  the remote traceback as ``__cause__``; ``job.task_error``), so it fails only its own job
+  or future while the stream goes on.
 * A function that plain pickle sends by name travels so; others (lambdas, closures, functions
   of an interactive ``__main__``) travel by value with cloudpickle, which each producer
   unpickles once and caches (``functions.py``). Within one batch a function is pickled once
@@ -107,12 +107,12 @@ class Pool(StreamService):
     """A pool of worker processes with the API of ``multiprocessing.Pool`` and
     ``concurrent.futures``, on easycore's runner engine.
 
-    Functions, lambdas and closures are accepted under every start method. Results and
-    exceptions come back as the runners return them: a task's exception is re-raised in the
-    caller as a :class:`~easycore.errors.WorkerError` that is also an instance of the
-    original type, with the remote traceback; a worker that dies while work is on its way
-    fails every pending call and future with :class:`~easycore.errors.WorkerDiedError` at
-    once (the pool restarts its workers at the next call); one that died while nothing was on
+    Functions, lambdas and closures are accepted under every start method. A task's exception
+    is re-raised in the caller as ``multiprocessing`` re-raises it: the original exception
+    (its type and ``args``), with the remote traceback as ``__cause__``, and easycore's
+    context as attributes (``item``, ``device``, ``hook``) and a note; a worker that dies
+    while work is on its way fails every pending call and future with
+    :class:`~easycore.errors.WorkerDiedError` (a ``BrokenProcessPool``) at once (the pool restarts its workers at the next call); one that died while nothing was on
     its way fails nothing.
 
     Args:
