@@ -112,8 +112,9 @@ class Pool(StreamService):
     (its type and ``args``), with the remote traceback as ``__cause__``, and easycore's
     context as attributes (``item``, ``device``, ``hook``) and a note; a worker that dies
     while work is on its way fails every pending call and future with
-    :class:`~easycore.errors.WorkerDiedError` (a ``BrokenProcessPool``) at once (the pool restarts its workers at the next call); one that died while nothing was on
-    its way fails nothing.
+    :class:`~easycore.errors.WorkerDiedError` (a ``BrokenProcessPool``) at once (the pool
+    restarts its workers at the next call); one that died while nothing was on its way fails
+    nothing.
 
     Args:
         processes (int or Iterable[str], optional): an int ``n`` starts ``n`` ``"cpu"``
