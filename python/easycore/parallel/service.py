@@ -134,6 +134,8 @@ class StreamService:
                     return True
             if self._recycle:  # maxtasksperchild: the next stream starts new workers
                 self._recycle = False
+                self._call = self._feed = None  # the old stream holds the old queues
+                call = feed = None  # (route, a bound method, holds the pool only)
                 self._runner._shutdown(interrupt=False)
         except BaseException as e:  # noqa: BLE001 - every pending caller gets it
             if self._quiet_restart(e, feed, call):
