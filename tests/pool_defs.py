@@ -117,3 +117,17 @@ def queue_owner(conn):
     q.put("left")
     conn.send(q)
     conn.recv()  # never answered: the test kills this process
+
+
+def keep_counter(counter):
+    """Initializer: the worker's context is a shared counter of items run."""
+    return counter
+
+
+def count_and_sleep(x):
+    """Counts the item in the context's shared counter, then takes a little time."""
+    counter = context()
+    with counter.get_lock():
+        counter.value += 1
+    time.sleep(0.005)
+    return x

@@ -31,7 +31,15 @@ class FakePool:
         self._generation = 0
         self._cuts = 0
         self._feed_waiting = False
+        self._tasks_per_stream = 0
+        self._recycle = False
         self.feed: Feed | None = None
+
+    def _all_sent(self) -> bool:
+        return not self._tasks and all(j.input_done or j.closed for j in self._jobs.values())
+
+    def _compact_input(self) -> None:
+        pass
 
     def _worker_died(self) -> bool:
         return False

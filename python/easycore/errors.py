@@ -7,7 +7,11 @@ working.
 
 from __future__ import annotations
 
+import multiprocessing
+import pickle
 import queue
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.pool import MaybeEncodingError  # type: ignore[attr-defined]
 from typing import Any, cast
 
 
@@ -45,6 +49,16 @@ class SharedMemoryError(EasycoreOSError):
 
 class RunnerClosedError(EasycoreError):
     """A runner was used after ``close()``; call ``activate()`` to restart it."""
+
+
+class PoolClosedError(RunnerClosedError, ValueError):
+    """A pool was used after ``close()`` or ``terminate()`` (a ``ValueError``, as
+    ``multiprocessing.Pool`` raises)."""
+
+
+class PoolTimeoutError(EasycoreTimeoutError, multiprocessing.TimeoutError):
+    """A pool's result did not arrive within its timeout: both the builtin ``TimeoutError``
+    and ``multiprocessing.TimeoutError``, which ``AsyncResult.get`` raises in the stdlib."""
 
 
 class RunnerBusyError(EasycoreError, RuntimeError):
@@ -216,8 +230,11 @@ def worker_error_as(
     return exc
 
 
-class WorkerDiedError(EasycoreError):
+class WorkerDiedError(EasycoreError, BrokenProcessPool):
     """A producer process died (crash, ``os._exit``, SIGKILL, out of memory).
+
+    Also a ``concurrent.futures.process.BrokenProcessPool`` (so a ``BrokenExecutor`` and a
+    ``RuntimeError``), which is what the stdlib's pools raise for a dead worker.
 
     Attributes:
         pid (int): the process id.
@@ -262,8 +279,21 @@ class WorkerDiedError(EasycoreError):
 RUNNER_CLOSED = "The runner was closed; call activate() to restart it"
 
 
-class SerializationError(EasycoreError, TypeError):
-    """An item or result could not be pickled or unpickled on its way between processes."""
+class SerializationError(EasycoreError, TypeError, pickle.PicklingError, MaybeEncodingError):  # type: ignore[misc]
+    """An item or result could not be pickled or unpickled on its way between processes.
+
+    Also a ``pickle.PicklingError`` and a ``multiprocessing.pool.MaybeEncodingError`` (what
+    the stdlib's pools raise for a result that cannot be sent back); ``exc`` and ``value``
+    are those of ``MaybeEncodingError`` (the cause, and a description of the value).
+    """
+
+    def __init__(self, *args: Any) -> None:
+        Exception.__init__(self, *args)
+        self.exc = repr(self.__cause__) if self.__cause__ is not None else ""
+        self.value = args[0] if args else ""
+
+    __str__ = BaseException.__str__
+    __repr__ = BaseException.__repr__
 
 
 class RemoteTraceback(Exception):
@@ -282,6 +312,8 @@ __all__ = [
     "EasycoreOSError",
     "EasycoreTimeoutError",
     "InvalidArgument",
+    "PoolClosedError",
+    "PoolTimeoutError",
     "QueueClosed",
     "QueueEmpty",
     "QueueFull",

@@ -69,6 +69,9 @@ def error_report(
         "kind": kind,
         "type": _pickled(type(exc)),
         "state": _pickled(state) if state else None,
+        # the exception itself (None if it does not pickle), for callers that re-raise the
+        # original object, as the stdlib's pools do
+        "exc": _pickled(exc),
     }
 
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import atexit
+import multiprocessing
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
+from concurrent.futures.process import _RemoteTraceback
 from typing import Any, ParamSpec, TypeVar
 
 from easycore.errors import RunnerClosedError
@@ -11,6 +15,25 @@ from easycore.parallel.pool import Pool
 
 _T = TypeVar("_T")
 _P = ParamSpec("_P")
+
+
+# The pools of live executors: at interpreter exit their pending work is finished (as
+# concurrent.futures does), before easycore's own exit hook stops what is left.
+_LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()
+
+
+def _finish_at_exit() -> None:
+    for pool in list(_LIVE):
+        try:
+            if not pool._terminated:
+                pool.close()
+                pool.join()
+        except BaseException:  # noqa: BLE001, S110 - exiting: the exit hook stops the rest
+            pass
+
+
+# Registered after easycore's exit hook (imported above), so it runs before it.
+atexit.register(_finish_at_exit)
 
 
 class PoolExecutor(Executor):
@@ -22,6 +45,9 @@ class PoolExecutor(Executor):
             CPU workers, or a list of devices).
         initializer (Callable, optional): as for :class:`Pool`.
         initargs (tuple): as for :class:`Pool`.
+        max_tasks_per_child (int, optional): ``ProcessPoolExecutor``'s worker recycling:
+            :class:`Pool`'s ``maxtasksperchild``. As in the stdlib, the start method then
+            defaults to spawn, and fork is refused (``ValueError``).
         **kwargs: the other keyword arguments of :class:`Pool`.
     """
 
@@ -32,9 +58,32 @@ class PoolExecutor(Executor):
         max_workers: int | Iterable[str] | None = None,
         initializer: Callable[..., Any] | None = None,
         initargs: Iterable[Any] = (),
+        *,
+        max_tasks_per_child: int | None = None,
         **kwargs: Any,
     ) -> None:
+        if isinstance(max_workers, int) and max_workers <= 0:
+            raise ValueError("max_workers must be greater than 0")
+        if max_tasks_per_child is not None:
+            if type(max_tasks_per_child) is not int:
+                raise TypeError("max_tasks_per_child must be an integer")
+            if max_tasks_per_child <= 0:
+                raise ValueError("max_tasks_per_child must be >= 1")
+            # As ProcessPoolExecutor: workers are restarted while the pool's threads run,
+            # which fork must not do; spawn is the default then.
+            if kwargs.get("start_method") == "fork":
+                raise ValueError(
+                    "max_tasks_per_child is incompatible with the 'fork' start method; "
+                    "use 'spawn' or 'forkserver'"
+                )
+            kwargs.setdefault("start_method", "spawn")
+            kwargs["maxtasksperchild"] = max_tasks_per_child
         self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
+        self.pool._open_flag.append(False)  # dropped without shutdown(): no warning
+        # What ProcessPoolExecutor calls its start method (code written for it reads it).
+        self._mp_context = multiprocessing.get_context(self.pool.start_method)
+        self.pool._remote_tb = _RemoteTraceback  # a future's error's cause, as the stdlib's
+        _LIVE.add(self.pool)
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         """Schedules ``fn(*args, **kwargs)`` (see :meth:`Pool.submit`).
@@ -71,6 +120,8 @@ class PoolExecutor(Executor):
         Returns:
             Iterator: the results.
         """
+        if chunksize < 1:
+            raise ValueError("chunksize must be >= 1.")
         if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0")
         try:
@@ -81,6 +132,8 @@ class PoolExecutor(Executor):
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accepts no new work; with ``wait``, waits for pending work and the workers.
+        Without it, pending work still finishes (at interpreter exit too, as in
+        ``concurrent.futures``).
 
         Args:
             wait (bool): wait for pending futures and the workers to finish.
@@ -89,8 +142,12 @@ class PoolExecutor(Executor):
         pool = self.pool
         if cancel_futures:
             with pool._cv:
-                queued = list(pool._tasks)
-                pool._tasks.clear()
+                # Those the workers take next count as running (the stdlib's call queue
+                # holds as many): the rest is cancelled.
+                keep = max(0, pool._task_window - len(pool._running))
+                queued = list(pool._tasks)[keep:]
+                for _ in queued:
+                    pool._tasks.pop()
             for fut, _tid, _blob in queued:
                 fut.cancel()
         pool.close()

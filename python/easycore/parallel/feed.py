@@ -69,6 +69,7 @@ _WorkResult: TypeAlias = tuple[int, int, bool, Any]
 """``(job, index, ok, value)``, what a producer returns for a work item."""
 
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of a work item
+_IDLE_END_S = 1.0  # seconds without work after which a stream ends (see Feed._choose)
 _HEALTH_EVERY_S = 0.005  # at most this often, the feed asks whether a worker died
 # Most items in one segment: its gate list is allocated whole, and a segment that a submit
 # cuts early would waste the rest (a few µs of bookkeeping per segment is nothing at this size).
@@ -103,7 +104,15 @@ class Scheduler(Protocol):
     _closing: bool
     _generation: int  # the stream's number: a feed of an older one takes nothing
     _cuts: int  # times the feed was asked to end the segment it reads
+    _tasks_per_stream: int  # maxtasksperchild × workers: the stream then ends (0: no bound)
+    _recycle: bool  # set by the feed: the stream ended for the workers to be replaced
     _feed_waiting: bool  # the feed waits for work
+
+    def _all_sent(self) -> bool:
+        """Whether no task waits and every open job's input was read (or abandoned)."""
+
+    def _compact_input(self) -> None:
+        """Frees the input already sent (before the feed waits)."""
 
     def _worker_died(self) -> bool:
         """Whether a worker has died (the feed then takes no more work)."""
@@ -137,6 +146,7 @@ class Feed:
         # everything it sent lost nothing (see Pool._quiet_restart).
         self.stopped_for_death = False
         self._next_health = 0.0
+        self.sent = 0  # tasks and items taken (at most; for maxtasksperchild)
 
     def __iter__(self) -> Iterator[Any]:
         """The stream item by item, counting each run's items: the stream's input iterable
@@ -144,7 +154,13 @@ class Feed:
         After an input error, :meth:`recover` it with the number of items the failing run
         gave."""
         got = None
-        while (run := self.next_run(_SEGMENT_MAX, got)) is not None:
+        run: Iterable[Any] | None = None
+        x: Any = None
+        while True:
+            run = x = None  # the last item is not held while the next run is awaited
+            run = self.next_run(_SEGMENT_MAX, got)
+            if run is None:
+                return
             got = 0
             for x in run:
                 got += 1
@@ -164,17 +180,27 @@ class Feed:
             if seg is not None:
                 assert got is not None, "a job's run ended without its count"
                 self._settle(seg, got, None)
+            budget = pool._tasks_per_stream
+            if budget and self.sent >= budget:
+                pool._recycle = True  # the workers ran their tasks: replace them
+                return None
+            # No reference to a finished job while waiting (its input and results are freed).
+            job = seg = chosen = None
             try:
                 chosen, cuts = self._choose()
             except StopIteration:
                 return None
             if isinstance(chosen, tuple):
+                self.sent += 1
                 return self._premade(chosen)  # a submitted task
             job = chosen
             index = job.pulled
-            ahead = min(job.window, job.room[0]) - (index - job.consumed)
+            ahead = job.limit() - (index - job.consumed)
+            if budget:
+                ahead = min(ahead, budget - self.sent)
             if job.it is not None and job.chunksize is None:
                 seg = _Segment(self.pos, job, index, max(1, min(ahead, _SEGMENT_MAX, limit)))
+                self.sent += seg.n
                 run, seg.gate = gated(job.it, seg.n)
                 self.segs.append(seg)  # registered before the engine sees its first item
                 self.reading = seg
@@ -190,19 +216,22 @@ class Feed:
                 else:
                     items = list(itertools.islice(job.it, size))  # type: ignore[arg-type]
             except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
-                job.fail(e)
+                job.fail_input(e)
                 continue
             job.pulled = index + len(items)  # before input_done: the caller checks both
+            self.sent += len(items)
             if len(items) < size:
                 self._ended(job)
                 if not items:
                     continue
             return self._premade((job.jid, index, job.fn, items, job.mode))
 
-    def _premade(self, item: _WorkItem) -> tuple[_WorkItem]:
+    def _premade(self, item: _WorkItem) -> Iterator[_WorkItem]:
         self.segs.append(_Segment(self.pos))
         self.pos += 1
-        return (item,)
+        # A list iterator lets go of its item once read: the engine's reader, which keeps
+        # the run while it waits for the next, does not keep a finished call's arguments.
+        return iter([item])
 
     def _settle(self, seg: _Segment, got: int, error: BaseException | None) -> None:
         """The input thread is done with ``seg``, which gave ``got`` items; its job's input is
@@ -212,7 +241,7 @@ class Feed:
         self.reading = None
         job.pulled = seg.index + got  # type: ignore[union-attr]
         if error is not None:
-            job.fail(error)  # type: ignore[union-attr]
+            job.fail_input(error)  # type: ignore[union-attr]
         elif got < seg.n and not seg.cut:
             self._ended(job)  # type: ignore[arg-type]
 
@@ -237,6 +266,7 @@ class Feed:
         """A task item to send, or a job with room, and the pool's cut count when chosen;
         waits for either. StopIteration at the end."""
         pool = self.pool
+        idle_since: float | None = None
         with pool._cv:
             while True:
                 if self.generation != pool._generation:
@@ -258,8 +288,23 @@ class Feed:
                         if job.has_room():
                             self._stop_if_a_worker_died()
                             return job, pool._cuts
-                if pool._closing and not jobs and not pool._tasks:
+                    del order, job  # not held while waiting: a finished job is freed
+                if jobs and any(j.closed for j in jobs.values()):
+                    for jid in [jid for jid, j in jobs.items() if j.closed]:
+                        del jobs[jid]  # abandoned (its results iterator was dropped)
+                if pool._closing and pool._all_sent():
                     raise StopIteration  # closed, and every call and task was sent
+                if jobs or pool._tasks or pool._running or not pool._stream_drained():
+                    idle_since = None
+                elif idle_since is None:
+                    idle_since = time.monotonic()
+                elif time.monotonic() - idle_since > _IDLE_END_S:
+                    # Idle a while: the stream ends (the next call starts another), so that
+                    # the service thread holds its pool only weakly and a pool dropped
+                    # without close() is collected and finalized.
+                    raise StopIteration
+                if not pool._feed_waiting and not jobs and not pool._tasks:
+                    pool._compact_input()  # nothing to read: free what was sent
                 pool._feed_waiting = True
                 pool._cv.wait(TICK)
                 pool._feed_waiting = False
@@ -309,6 +354,8 @@ class Feed:
             job = seg.job
             if job is None:
                 out.append(items[i])
+            elif job.closed:  # abandoned: its items travel as nothing (see _run_item)
+                out.extend([None] * m)  # type: ignore[list-item]
             else:
                 out.append(
                     (job.jid, seg.index + pos - seg.start, job.fn, items[i : i + m], job.mode)

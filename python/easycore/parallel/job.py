@@ -6,11 +6,47 @@ from __future__ import annotations
 import collections
 import threading
 from collections.abc import Iterable, Sequence
+from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any, cast
 
-from easycore._engine.reports import worker_error
+from easycore._engine.reports import _loads_or_none, worker_error
 
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
+
+
+def task_error(report: dict[str, Any], cause: type = RemoteTraceback) -> BaseException:
+    """The exception a pool's caller gets for a task's error report: the original exception
+    (its own type and ``args``, as ``multiprocessing`` and ``concurrent.futures`` re-raise
+    it), with the remote traceback as ``__cause__`` (a ``cause``: ``multiprocessing``'s
+    ``RemoteTraceback``, or ``concurrent.futures``' for an executor's futures). easycore's
+    context rides along as attributes (``hook``, ``device``, ``item``,
+    ``remote_traceback``) and a note. Where the exception cannot travel (it does not
+    pickle, or is not importable here), or the error is easycore's own (a result that
+    cannot be pickled), the runners' error is used."""
+    exc = _loads_or_none(report.get("exc")) if report.get("kind") == "hook" else None
+    if not isinstance(exc, BaseException):
+        return worker_error(report)
+    tb = report.get("traceback", "")
+    where = f"raised in a task on device {report.get('device')!r}"
+    if report.get("item") is not None:
+        where += f" (item {report['item']})"
+    for name, value in (
+        ("hook", report.get("hook")),
+        ("device", report.get("device")),
+        ("item", report.get("item")),
+        ("remote_traceback", tb),
+    ):
+        if not hasattr(exc, name):
+            try:
+                setattr(exc, name, value)
+            except Exception:  # noqa: BLE001 - a class with __slots__: the note says it
+                pass
+    try:
+        exc.add_note(where)
+    except Exception:  # noqa: BLE001 - never hide the error for its note
+        pass
+    exc.__cause__ = cause(tb)
+    return exc
 
 
 class _Job:
@@ -53,6 +89,9 @@ class _Job:
         # are handed out first (as multiprocessing.Pool.imap does). 0: at once.
         self.error_at = 0
         self.closed = False  # finished or abandoned: its input and results are dropped
+        # The pool is closing: read the rest of the input regardless of the caller (as the
+        # stdlib's pools finish every task given), so close()/join() end.
+        self.drain = False
         self.waiting = False
 
     def has_room(self) -> bool:
@@ -64,9 +103,15 @@ class _Job:
         waiting on its own results) is read at once."""
         if self.closed or self.input_done:
             return False
-        limit = min(self.window, self.room[0])
+        if self.drain:
+            return True
+        limit = self.limit()
         ahead = self.pulled - self.consumed
         return ahead < limit and 4 * ahead <= 3 * limit
+
+    def limit(self) -> int:
+        """Most items read ahead of what the caller consumed (no bound while draining)."""
+        return 1 << 40 if self.drain else min(self.window, self.room[0])
 
     def deliver(self, index: int, ok: bool, value: Any) -> None:
         with self.cv:
@@ -76,7 +121,7 @@ class _Job:
                 # Ordered: the error of the earliest item is raised (errors of chunks can
                 # arrive out of order; the results before it all arrive, as results or errors).
                 if self.error is None or (self.ordered and index < self.error_at):
-                    self.error = worker_error(value)
+                    self.error = task_error(value)
                     self.error_at = index if self.ordered else 0
             elif self.ordered:
                 self.ready[index] = value
@@ -84,6 +129,16 @@ class _Job:
                 self.ready.append(value)  # type: ignore[union-attr]
             if self.waiting:
                 self.cv.notify()
+
+    def fail_input(self, error: BaseException) -> None:
+        """The input raised ``error`` after ``pulled`` items: an ordered job hands out the
+        results ahead of it first (as ``multiprocessing.Pool.imap`` does)."""
+        with self.cv:
+            self.input_done = True
+            if self.error is None or (self.ordered and self.pulled < self.error_at):
+                self.error = error
+                self.error_at = self.pulled if self.ordered else 0
+            self.cv.notify_all()
 
     def fail(self, error: BaseException) -> None:
         with self.cv:

@@ -21,9 +21,9 @@ How work travels::
   packs into one work item per run of a job's items.
 * Every item is ``(job, index, function, argument, mode)``; a producer returns
   ``(job, index, ok, value)``. A task's exception is caught in the producer and re-raised in
-  the caller as the runners do (a :class:`~easycore.errors.WorkerError` that is also an
-  instance of the original type, with the remote traceback), so it fails only its own job or
-  future while the stream goes on.
+  the caller as the stdlib's pools do (the original exception, its type and ``args``, with
+  the remote traceback as ``__cause__``; ``job.task_error``), so it fails only its own job
+  or future while the stream goes on.
 * A function that plain pickle sends by name travels so; others (lambdas, closures, functions
   of an interactive ``__main__``) travel by value with cloudpickle, which each producer
   unpickles once and caches (``functions.py``). Within one batch a function is pickled once
@@ -43,9 +43,11 @@ import os
 import pickle
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Sized
 from concurrent.futures import Future
+from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any, ParamSpec, TypeVar, cast
 
 from easycore._engine import lifecycle
@@ -54,15 +56,16 @@ from easycore._engine.stats import RunnerStats
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
-    RunnerClosedError,
+    PoolClosedError,
+    PoolTimeoutError,
     SerializationError,
 )
 from easycore.parallel.feed import _ONE, _STAR, Feed
 from easycore.parallel.functions import portable
 from easycore.parallel.job import _Job
 from easycore.parallel.results import AsyncResult, _async_result
-from easycore.parallel.service import _WINDOW, StreamService
-from easycore.parallel.tasks import _TaskHooks, _TaskRunner
+from easycore.parallel.service import _WINDOW, StreamService, _service_main
+from easycore.parallel.tasks import _TaskHooks, _TaskRunner, abandoned_ring, mark_abandoned
 
 _T = TypeVar("_T")
 _S = TypeVar("_S")
@@ -72,17 +75,46 @@ _P = ParamSpec("_P")
 # ----- in the caller -----
 
 
+def _finalize_pool(runner: Any, cv: threading.Condition, open_flag: list[bool], text: str) -> None:
+    """A pool was collected: warns if it was left open, and stops its workers."""
+    if open_flag[0]:
+        open_flag[0] = False
+        if len(open_flag) == 1:  # not an executor's pool (they do not warn, as the stdlib)
+            warnings.warn(
+                f"unclosed running multiprocessing pool {text}", ResourceWarning, stacklevel=2
+            )
+    with cv:
+        cv.notify_all()  # the service thread finds its pool gone and ends
+    try:
+        runner._shutdown(interrupt=True)
+    except BaseException:  # noqa: BLE001, S110 - nothing to report to: the pool is gone
+        pass
+
+
+def _abandon(job: _Job, pool: weakref.ref[Pool]) -> None:
+    """``job``'s results iterator was dropped: the call is abandoned. Takes no lock (this
+    runs wherever the garbage collector does): the feed drops a closed job."""
+    job.closed = True
+    p = pool()
+    if p is not None:
+        mark_abandoned(p._abandoned, job.jid)
+    feed = p._feed if p is not None else None
+    if feed is not None:
+        feed.cut()
+
+
 class Pool(StreamService):
     """A pool of worker processes with the API of ``multiprocessing.Pool`` and
     ``concurrent.futures``, on easycore's runner engine.
 
-    Functions, lambdas and closures are accepted under every start method. Results and
-    exceptions come back as the runners return them: a task's exception is re-raised in the
-    caller as a :class:`~easycore.errors.WorkerError` that is also an instance of the
-    original type, with the remote traceback; a worker that dies while work is on its way
-    fails every pending call and future with :class:`~easycore.errors.WorkerDiedError` at
-    once (the pool restarts its workers at the next call); one that died while nothing was on
-    its way fails nothing.
+    Functions, lambdas and closures are accepted under every start method. A task's exception
+    is re-raised in the caller as ``multiprocessing`` re-raises it: the original exception
+    (its type and ``args``), with the remote traceback as ``__cause__``, and easycore's
+    context as attributes (``item``, ``device``, ``hook``) and a note; a worker that dies
+    while work is on its way fails every pending call and future with
+    :class:`~easycore.errors.WorkerDiedError` (a ``BrokenProcessPool``) at once (the pool
+    restarts its workers at the next call); one that died while nothing was on its way fails
+    nothing.
 
     Args:
         processes (int or Iterable[str], optional): an int ``n`` starts ``n`` ``"cpu"``
@@ -104,6 +136,13 @@ class Pool(StreamService):
             few.
         queue_scale (float): scales the shared-memory queues (as for the runners).
         close_timeout (float): seconds ``close()``/``join()`` leave the workers to exit.
+        maxtasksperchild (int, optional): replace the workers after this many tasks each
+            (``multiprocessing.Pool``'s worker recycling, for code that leaks): once the
+            pool has sent ``maxtasksperchild`` × workers tasks (a submitted task, or one
+            item of a ``map``), it stops sending, lets them finish, and starts new workers
+            for the rest. Every worker is replaced together, so one worker may run more
+            than its share (at most ``maxtasksperchild`` × workers) when others are slow.
+            Default None: workers live as long as the pool.
         backend (str or object, optional): where the workers run, as for the runners:
             ``"ray"`` (or an ``easycore.ray.RayBackend``) makes each worker a Ray actor
             (``processes`` then as the Ray backend's ``devices``; default ``"all"``, one
@@ -111,6 +150,7 @@ class Pool(StreamService):
     """
 
     _runner_cls: type[_TaskHooks] = _TaskRunner
+    _remote_tb: type = RemoteTraceback  # a task error's __cause__, as multiprocessing's
 
     def __init__(
         self,
@@ -125,7 +165,12 @@ class Pool(StreamService):
         close_timeout: float = 10.0,
         devices: int | Iterable[str] | None = None,
         backend: Any = None,
+        maxtasksperchild: int | None = None,
     ) -> None:
+        if maxtasksperchild is not None and (
+            type(maxtasksperchild) is not int or maxtasksperchild < 1
+        ):
+            raise ValueError("maxtasksperchild must be a positive int or None")
         if devices is not None:
             if processes is not None:
                 raise InvalidArgument("give processes or devices, not both")
@@ -135,6 +180,8 @@ class Pool(StreamService):
             processes = "all" if remote else os.cpu_count() or 1
         if isinstance(processes, int) and processes < 1:
             raise InvalidArgument(f"processes must be at least 1, got {processes}")
+        if initializer is not None and not callable(initializer):
+            raise TypeError("initializer must be a callable")
         initargs = tuple(initargs)
         # Unless fork is asked for, assume a spawned worker (by value costs nothing under fork).
         how = "ray" if remote else start_method or "spawn"
@@ -154,9 +201,11 @@ class Pool(StreamService):
         self._closing = False
         self._terminated = False
         self._call: Any = None
+        # Calls abandoned while their items are queued: the workers skip those items.
+        self._abandoned = None if remote else abandoned_ring()
         self._runner = self._runner_cls(
             processes,
-            (init, initargs),
+            (init, initargs, self._abandoned),
             queue_scale=queue_scale,
             start_method=start_method,
             window=window or _WINDOW,
@@ -166,15 +215,30 @@ class Pool(StreamService):
             on_unsendable=weakref.WeakMethod(self._unsendable),
         )
         self._window = self._runner._window
+        self._recycle = False
+        self._tasks_per_stream = (maxtasksperchild or 0) * len(self._runner.devices)
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
         # is still cancellable (it is "running" once sent), yet every worker has a next one.
         self._task_window = max(4, 2 * len(self._runner.devices))
         self._item_cost = 0.0  # worker seconds per map item, learned
         self._room = [_WINDOW]  # results a job may hold ahead of its caller (by bytes)
         self._n_results = 0  # map results received by the current stream
-        self._service = threading.Thread(target=self._serve, name="easycore-pool", daemon=True)
+        self._service = threading.Thread(
+            target=_service_main,
+            args=(weakref.ref(self), self._cv),
+            name="easycore-pool",
+            daemon=True,
+        )
         self._service.start()
         lifecycle.register(Stage.POOL, self)
+        # A pool dropped without close() or terminate() (as multiprocessing.Pool.__del__):
+        # a ResourceWarning, and its workers are stopped. The service thread holds the pool
+        # only weakly while it waits for work, so an idle dropped pool is collected.
+        self._open_flag = [True]  # cleared by close() and terminate()
+        fin = weakref.finalize(
+            self, _finalize_pool, self._runner, self._cv, self._open_flag, repr(self)
+        )
+        fin.atexit = False  # at exit, lifecycle.stop_all stops what is still open
 
     # ----- properties -----
 
@@ -214,9 +278,9 @@ class Pool(StreamService):
 
     def _check_open(self) -> None:
         if self._closing:
-            raise RunnerClosedError(f"this {type(self).__name__} is closed")
+            raise PoolClosedError(f"this {type(self).__name__} is closed (Pool not running)")
         if os.getpid() != self._runner._owner_pid:
-            raise RunnerClosedError(
+            raise PoolClosedError(
                 f"this {type(self).__name__} belongs to process {self._runner._owner_pid}; a "
                 "forked child cannot use it"
             )
@@ -254,6 +318,8 @@ class Pool(StreamService):
 
     def _close_job(self, job: _Job) -> None:
         with job.cv:
+            if not (job.input_done and job.consumed >= job.pulled):
+                mark_abandoned(self._abandoned, job.jid)  # left early: skip what is queued
             job.closed = True
         with self._cv:
             self._jobs.pop(job.jid, None)
@@ -263,7 +329,11 @@ class Pool(StreamService):
     def _results(self, job: _Job, timeout: float | None, progress: bool = False) -> Iterator[Any]:
         """The results of ``job``, one at a time: a C-level chain over the lists that
         :meth:`_result_chunks` hands out (no Python frame per result)."""
-        return itertools.chain.from_iterable(self._result_chunks(job, timeout, progress))
+        chunks = self._result_chunks(job, timeout, progress)
+        # A results iterator dropped unconsumed (never started: its finally never runs)
+        # abandons its call, so that close()/shutdown() do not wait for it.
+        weakref.finalize(chunks, _abandon, job, weakref.ref(self))
+        return itertools.chain.from_iterable(chunks)
 
     def _result_chunks(
         self, job: _Job, timeout: float | None, progress: bool
@@ -284,7 +354,7 @@ class Pool(StreamService):
                         if job.error is not None and job.next_index >= job.error_at:
                             raise job.error
                         if self._terminated:
-                            raise RunnerClosedError("the pool was terminated")
+                            raise PoolClosedError("the pool was terminated")
                         n = 0  # results in got (a list of lists: none is copied)
                         if job.ordered:
                             by_index = cast("dict[int, list[Any]]", job.ready)  # ordered: a dict
@@ -311,7 +381,7 @@ class Pool(StreamService):
                         if deadline is not None:
                             wait = min(wait, deadline - time.monotonic())
                             if wait <= 0:
-                                raise TimeoutError(f"no result within timeout={timeout} s")
+                                raise PoolTimeoutError(f"no result within timeout={timeout} s")
                         job.waiting = True
                         job.cv.wait(wait)
                         job.waiting = False
@@ -616,15 +686,21 @@ class Pool(StreamService):
 
     def close(self) -> None:
         """Accepts no new work; the workers exit once the work already given is done
-        (``join()`` waits for that). Closing twice is harmless."""
+        (``join()`` waits for that, not for callers to take their results: the inputs of
+        open calls are then read to their end, as the stdlib's pools do). Closing twice is
+        harmless."""
+        self._open_flag[0] = False
         with self._cv:
             self._closing = True
+            for job in self._jobs.values():
+                job.drain = True
             self._cv.notify_all()
 
     def terminate(self) -> None:
         """Stops at once: queued futures are cancelled, running ones and open calls fail with
         :class:`~easycore.errors.RunnerClosedError`, and the workers are stopped (busy ones
         interrupted). Waits for that."""
+        self._open_flag[0] = False
         with self._cv:
             self._closing = True
             self._terminated = True
@@ -637,7 +713,7 @@ class Pool(StreamService):
         if call is not None:
             call.abort = True
             call.attention.set()
-        self._fail_pending(RunnerClosedError("the pool was terminated"))
+        self._fail_pending(PoolClosedError("the pool was terminated"))
         self.join()
 
     def join(self, timeout: float | None = None) -> None:
@@ -662,6 +738,7 @@ class Pool(StreamService):
                 raise err
 
     def __enter__(self) -> Pool:
+        self._check_open()
         return self
 
     def __exit__(self, exc_type: Any, *exc: object) -> None:

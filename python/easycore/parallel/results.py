@@ -7,6 +7,8 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future
 from typing import Any, TypeVar
 
+from easycore.errors import PoolTimeoutError
+
 _T = TypeVar("_T")
 
 
@@ -44,8 +46,15 @@ class AsyncResult:
         self.future = future
 
     def get(self, timeout: float | None = None) -> Any:
-        """The task's result (or its exception, raised); ``TimeoutError`` after ``timeout``."""
-        return self.future.result(timeout)
+        """The task's result (or its exception, raised); after ``timeout`` seconds a
+        :class:`~easycore.errors.PoolTimeoutError` (both ``multiprocessing.TimeoutError``
+        and the builtin ``TimeoutError``)."""
+        try:
+            return self.future.result(timeout)
+        except TimeoutError:
+            if self.future.done():
+                raise  # the task's own TimeoutError
+            raise PoolTimeoutError(f"no result within timeout={timeout} s") from None
 
     def wait(self, timeout: float | None = None) -> None:
         """Waits until the task is done, or ``timeout`` seconds."""

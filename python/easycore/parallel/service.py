@@ -13,15 +13,16 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
+import weakref
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
 from easycore._engine.lifecycle import TICK
-from easycore._engine.reports import not_picklable_error, worker_error
+from easycore._engine.reports import not_picklable_error
 from easycore._engine.stream import Call
-from easycore.errors import RunnerClosedError, WorkerDiedError
+from easycore.errors import PoolClosedError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
-from easycore.parallel.job import _Job
+from easycore.parallel.job import _Job, task_error
 from easycore.parallel.tasks import _TaskHooks
 
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
@@ -40,6 +41,33 @@ def _for_pool(e: BaseException) -> BaseException:
             "Every pending call and future of the pool failed; its next call restarts the workers"
         )
     return e
+
+
+def _service_main(ref: weakref.ref[StreamService], cv: threading.Condition) -> None:
+    """The service thread: waits for work holding only a weak reference to its pool (so
+    that a pool dropped without ``close()`` is collected and finalized: see
+    ``Pool.__init__``), then runs streams while there is work."""
+    while True:
+        pool = ref()
+        if pool is None:
+            return  # dropped: its finalizer stops the workers
+        try:
+            with cv:
+                if not (pool._tasks or pool._jobs or pool._closing):
+                    del pool
+                    cv.wait(TICK)
+                    continue
+                end = pool._terminated or (pool._closing and pool._all_sent())
+                generation = pool._generation
+            if end or pool._serve_stream(generation):
+                pool._serve_end()
+                return
+        except BaseException:
+            pool = ref()
+            if pool is not None:
+                pool._serve_end()
+            raise
+        del pool
 
 
 class StreamService:
@@ -65,57 +93,84 @@ class StreamService:
     _item_cost: float  # worker seconds per map item, learned
     _room: list[int]  # results a job may hold ahead of its caller (by bytes)
     _n_results: int  # map results received by the current stream
+    _tasks_per_stream: int  # maxtasksperchild × workers (0: no bound)
+    _recycle: bool  # the last stream ended for its workers to be replaced
     _end_error: BaseException | None
+    _remote_tb: type  # the type of a future's error's __cause__ (the remote traceback)
 
     # ----- the stream (service thread) -----
 
     def _serve(self) -> None:
+        """The service thread's body (kept for callers that run it directly)."""
+        _service_main(weakref.ref(self), self._cv)
+
+    def _serve_stream(self, generation: int) -> bool:
+        """Runs one stream (one generation) until it ends; True if the service is over."""
         runner = self._runner
+        feed: Feed | None = None
+        call: Call | None = None
         try:
-            while True:
-                feed: Feed | None = None
-                call: Call | None = None
-                with self._cv:
-                    while not (self._tasks or self._jobs or self._closing):
-                        self._cv.wait(TICK)
-                    if self._terminated or (self._closing and not self._tasks and not self._jobs):
-                        return
-                    generation = self._generation
-                try:
-                    runner.activate()  # after a failure: restart the workers for new work
-                    feed = Feed(self, generation)
-                    call = Call(
-                        runner,
-                        feed,
-                        False,
-                        None,
-                        True,
-                        pack=feed.pack,
-                        cost=self._cost_per_value,
-                        runs=feed,
-                    )
-                    self._call = call
-                    self._feed = feed
-                    self._n_results = 0
-                    route = self._route
-                    for results in call.iterate_chunks():
-                        route(results)
-                    if self._closing:
-                        return
-                except BaseException as e:  # noqa: BLE001 - every pending caller gets it
-                    if self._quiet_restart(e, feed, call):
-                        continue  # the loop restarts the workers; nothing failed
-                    self._fail_pending(_for_pool(e))
-                    if self._terminated:
-                        return
-        finally:
-            self._call = None
-            self._feed = None
-            try:
-                runner._shutdown(interrupt=self._terminated)
-            except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
-                self._end_error: BaseException | None = e
-            self._fail_pending(RunnerClosedError("the pool was closed"))
+            runner.activate()  # after a failure: restart the workers for new work
+            feed = Feed(self, generation)
+            call = Call(
+                runner,
+                feed,
+                False,
+                None,
+                True,
+                pack=feed.pack,
+                cost=self._cost_per_value,
+                runs=feed,
+            )
+            self._call = call
+            self._feed = feed
+            self._n_results = 0
+            route = self._route
+            for results in call.iterate_chunks():
+                route(results)
+                del results  # not held while waiting: results handed out are freed
+            with self._cv:
+                if self._closing and self._all_sent():
+                    return True
+            if self._recycle:  # maxtasksperchild: the next stream starts new workers
+                self._recycle = False
+                self._call = self._feed = None  # the old stream holds the old queues
+                call = feed = None  # (route, a bound method, holds the pool only)
+                self._runner._shutdown(interrupt=False)
+        except BaseException as e:  # noqa: BLE001 - every pending caller gets it
+            if self._quiet_restart(e, feed, call):
+                return False  # the loop restarts the workers; nothing failed
+            self._fail_pending(_for_pool(e))
+            if self._terminated:
+                return True
+        return False
+
+    def _serve_end(self) -> None:
+        """The service is over: stops the workers and fails what is still pending."""
+        self._call = None
+        self._feed = None
+        try:
+            self._runner._shutdown(interrupt=self._terminated)
+        except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
+            self._end_error: BaseException | None = e
+        # After a close, a job whose input was all read got every result (the stream
+        # ended once everything sent came back): its caller may still take them.
+        self._fail_pending(
+            PoolClosedError("the pool was closed"), unfinished_only=not self._terminated
+        )
+
+    def _all_sent(self) -> bool:
+        """Whether no task waits and every open job's input was read (or the job was
+        abandoned): a closing pool's stream ends then (call under ``_cv``)."""
+        return not self._tasks and all(j.input_done or j.closed for j in self._jobs.values())
+
+    def _compact_input(self) -> None:
+        """Drops the stream's sent input from the engine's buffer (called by the feed's
+        thread, the engine's run reader, before it waits for work): a finished call's
+        arguments are not kept alive while the pool idles."""
+        call = self._call
+        if call is not None:
+            call._compact()
 
     def _stream_drained(self) -> bool:
         """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
@@ -225,15 +280,16 @@ class StreamService:
             if ok:
                 fut.set_result(value)
             else:
-                fut.set_exception(worker_error(value))
+                fut.set_exception(task_error(value, self._remote_tb))
         except InvalidStateError:
             pass  # failed meanwhile by terminate()
 
-    def _fail_pending(self, error: BaseException) -> None:
-        """Fails every job and future not finished (the stream they travelled on is gone)."""
+    def _fail_pending(self, error: BaseException, unfinished_only: bool = False) -> None:
+        """Fails every job and future not finished (the stream they travelled on is gone);
+        with ``unfinished_only``, not the jobs whose input was all read and sent."""
         with self._cv:
             self._generation += 1  # the old feed stops taking work
-            jobs = list(self._jobs.values())
+            jobs = [j for j in self._jobs.values() if not (unfinished_only and j.input_done)]
             futures = list(self._running.values())
             self._running.clear()
             queued = list(self._tasks)

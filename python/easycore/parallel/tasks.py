@@ -22,6 +22,26 @@ _CONTEXT: Any = None
 _CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
 _IN_WORKER = False
 _INIT: tuple[Any, tuple[Any, ...]] | None = None
+# In producers: the pool's ring of abandoned calls (slot ``job & _RING_MASK`` holds ``job``
+# once that call was abandoned), a shared int64 array, or None (a remote backend).
+_ABANDONED: Any = None
+_RING_MASK = 63
+
+
+def abandoned_ring() -> Any:
+    """A new ring of abandoned calls, in shared memory that forked and spawned workers see
+    (passed to them with the pool's setup)."""
+    import multiprocessing
+
+    return multiprocessing.RawArray("q", _RING_MASK + 1)
+
+
+def mark_abandoned(ring: Any, job: int) -> None:
+    """Marks call ``job`` abandoned: workers skip its items still queued (any thread; one
+    aligned word store). A later call that shares the slot overwrites it: then fewer items
+    are skipped, never a wrong one."""
+    if ring is not None:
+        ring[job & _RING_MASK] = job
 
 
 def context() -> Any:
@@ -46,14 +66,23 @@ class _Setup:
     """Run first in each producer: the flavour's own setup (CUDA device, threads), then keeps
     the initializer for ``producer_init``, which reports its errors to the caller."""
 
-    def __init__(self, base: Any, initializer: Any, initargs: tuple[Any, ...], codec: Any) -> None:
+    def __init__(
+        self,
+        base: Any,
+        initializer: Any,
+        initargs: tuple[Any, ...],
+        abandoned: Any,
+        codec: Any,
+    ) -> None:
         self.codec = codec
+        self.abandoned = abandoned
         self.base = base
         self.initializer = initializer
         self.initargs = initargs
 
     def __call__(self, device: str) -> None:
-        global _IN_WORKER, _INIT
+        global _IN_WORKER, _INIT, _ABANDONED
+        _ABANDONED = self.abandoned
         if self.base is not None:
             self.base(device)
         _IN_WORKER = True
@@ -79,6 +108,9 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
     if data is None:
         return None  # a work item that could not be pickled (see _drop_unsendable)
     job, index, fn, arg, mode = data
+    ring = _ABANDONED
+    if job and ring is not None and ring[job & _RING_MASK] == job:
+        return None  # its call was abandoned (an imap left by break): skipped
     out: list[Any] = []
     try:
         if mode == _TASK:
@@ -159,14 +191,14 @@ class _TaskHooks(_RunnerBase):
     def __init__(
         self,
         devices: Any,
-        setup: tuple[Any, tuple[Any, ...]],
+        setup: tuple[Any, tuple[Any, ...], Any],
         *,
         on_unsendable: Callable[[], Callable[[_WorkItem, Exception], None] | None] | None = None,
         **kwargs: Any,
     ) -> None:
-        """``setup``: ``(initializer, initargs)``; ``on_unsendable``: a weak reference (called
-        with no argument) to what fails the call of an input item that cannot be pickled
-        (the pool's), or None: such an item fails the whole stream."""
+        """``setup``: ``(initializer, initargs, abandoned ring or None)``; ``on_unsendable``:
+        a weak reference (called with no argument) to what fails the call of an input item
+        that cannot be pickled (the pool's), or None: such an item fails the whole stream."""
         self._pool_init = setup
         self._on_unsendable = on_unsendable
         super().__init__(devices, **kwargs)

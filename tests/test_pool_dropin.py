@@ -1,0 +1,258 @@
+"""Pool and PoolExecutor as drop-ins for ``multiprocessing.Pool`` and
+``concurrent.futures.ProcessPoolExecutor``: no hang on results nobody consumes, abandoned
+calls, and the stdlib's exception shapes."""
+
+from __future__ import annotations
+
+import gc
+import itertools
+import multiprocessing
+import os
+import pickle
+import threading
+import time
+from concurrent.futures import BrokenExecutor
+from concurrent.futures.process import BrokenProcessPool
+
+import pool_defs as pd
+import pytest
+from easycore.errors import SerializationError, WorkerDiedError
+from easycore.parallel import Pool, PoolExecutor
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _raise_missing(x: int) -> int:
+    if x == 2:
+        raise KeyError(42)
+    return x
+
+
+def _raise_runtime(x: int) -> int:
+    raise RuntimeError("boom", x)
+
+
+def _slow_square(x: int) -> int:
+    time.sleep(0.01)
+    return x * x
+
+
+def test_shutdown_returns_when_a_map_iterator_is_never_consumed() -> None:
+    # CPython's test_shutdown_race_issue12456: map() then shutdown(), the results dropped.
+    ex = PoolExecutor(2, start_method="fork")
+    ex.map(str, [2] * 3)
+    ex.shutdown()
+    with PoolExecutor(2, start_method="fork") as ex2:
+        ex2.map(str, range(100))
+    assert not ex2.pool._service.is_alive()
+
+
+def test_close_join_finishes_a_retained_unconsumed_imap_and_keeps_its_results() -> None:
+    # The caller holds the iterator but takes nothing until after join(): close()/join() end
+    # (every task given is done, as in the stdlib), and the results are all still there.
+    pool = Pool(2, start_method="fork", window=8)
+    it = pool.imap(pd.square, range(200))
+    pool.close()
+    pool.join(timeout=90)
+    assert not pool._service.is_alive()
+    assert list(it) == [x * x for x in range(200)]
+
+
+def test_breaking_out_of_imap_discards_its_work_and_frees_the_next_call() -> None:
+    counter = multiprocessing.Value("q", 0, lock=True)
+    pool = Pool(2, start_method="fork", initializer=pd.keep_counter, initargs=(counter,))
+    try:
+        for i, _ in enumerate(pool.imap(pd.count_and_sleep, itertools.count())):
+            if i == 50:
+                break
+        gc.collect()
+        time.sleep(0.5)
+        at_break = counter.value
+        # The next call is not queued behind the abandoned call's items.
+        done = threading.Event()
+        out: list[int] = []
+
+        def next_call() -> None:
+            out.extend(pool.imap(pd.square, range(50)))
+            done.set()
+
+        threading.Thread(target=next_call, daemon=True).start()
+        assert done.wait(60), "the next call waited behind the abandoned one"
+        assert out == [x * x for x in range(50)]
+        time.sleep(0.5)
+        # Nothing more of the abandoned call was run once its queued items were discarded.
+        after = counter.value - at_break
+        print(f"items run: {at_break} by the break (+0.5 s), {after} after it")
+        assert after <= 2 * pool._task_window + 8, (at_break, counter.value)
+    finally:
+        pool.terminate()
+
+
+def test_a_task_error_is_the_original_exception_with_its_args() -> None:
+    with Pool(2, start_method="fork") as pool:
+        with pytest.raises(KeyError) as info:
+            pool.map(_raise_missing, range(5), chunksize=1)
+        e = info.value
+        assert type(e) is KeyError
+        assert e.args == (42,)
+        assert type(e.__cause__) is multiprocessing.pool.RemoteTraceback
+        assert "_raise_missing" in str(e.__cause__)
+        assert e.item == 2  # type: ignore[attr-defined]
+        assert any("item 2" in note for note in e.__notes__)
+        fut = pool.submit(_raise_runtime, 7)
+        err = fut.exception(timeout=60)
+        assert type(err) is RuntimeError and err.args == ("boom", 7)
+        with pytest.raises(RuntimeError) as info2:
+            pool.apply(_raise_runtime, (1,))
+        assert type(info2.value) is RuntimeError
+
+
+def test_error_classes_subclass_what_stdlib_users_catch() -> None:
+    assert issubclass(WorkerDiedError, BrokenProcessPool)
+    assert issubclass(WorkerDiedError, BrokenExecutor)
+    assert issubclass(SerializationError, pickle.PicklingError)
+    assert issubclass(SerializationError, multiprocessing.pool.MaybeEncodingError)
+    assert str(SerializationError("bad")) == "bad"
+
+
+def test_a_dead_worker_is_a_broken_process_pool() -> None:
+    with PoolExecutor(2, start_method="fork") as ex:
+        fut = ex.submit(os._exit, 1)
+        assert isinstance(fut.exception(timeout=60), BrokenProcessPool)
+
+
+def test_async_result_timeout_is_multiprocessing_timeout_error() -> None:
+    with Pool(1, start_method="fork") as pool:
+        res = pool.apply_async(time.sleep, (2,))
+        with pytest.raises(multiprocessing.TimeoutError):
+            res.get(timeout=0.01)
+        with pytest.raises(TimeoutError):
+            res.get(timeout=0.01)
+        assert res.get(timeout=60) is None
+
+
+def test_argument_checks_raise_the_stdlib_types() -> None:
+    with pytest.raises(TypeError):
+        Pool(1, initializer=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="max_workers must be greater than 0"):
+        PoolExecutor(0)
+    pool = Pool(1, start_method="fork")
+    pool.close()
+    with pytest.raises(ValueError):
+        pool.map(pd.square, [1])
+    with pytest.raises(ValueError):
+        with pool:
+            pass
+    pool.join()
+    with PoolExecutor(1, start_method="fork") as ex:
+        with pytest.raises(ValueError):
+            ex.map(pd.square, [1], chunksize=-1)
+    with Pool(1, start_method="fork") as pool2:
+        with pytest.raises(ValueError):
+            pool2.map(pd.square, [1], chunksize=0)
+
+
+def test_a_dropped_pool_warns_and_stops_its_workers() -> None:
+    pool = Pool(2, start_method="fork")
+    assert pool.map(pd.square, range(10)) == [x * x for x in range(10)]
+    procs = list(pool._runner._workers.procs)
+    time.sleep(1.5)  # idle: its stream ends, the service thread holds it weakly
+    service = pool._service
+    with pytest.warns(ResourceWarning, match="unclosed running multiprocessing pool"):
+        del pool
+        gc.collect()
+    service.join(60)
+    assert not service.is_alive()
+    for p in procs:
+        p.join(60)
+        assert not p.is_alive()
+
+
+def test_a_dropped_executor_does_not_warn() -> None:
+    import warnings
+
+    ex = PoolExecutor(1, start_method="fork")
+    assert ex.submit(pd.square, 3).result(timeout=60) == 9
+    procs = list(ex.pool._runner._workers.procs)
+    time.sleep(1.5)  # idle: its stream ends, the service thread holds it weakly
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        del ex
+        gc.collect()
+    for p in procs:  # its workers are stopped all the same
+        p.join(60)
+        assert not p.is_alive()
+
+
+def _failing_input(n: int, bad: int):  # type: ignore[no-untyped-def]
+    for i in range(n):
+        if i == bad:
+            raise OSError("input broke")
+        yield i
+
+
+@pytest.mark.parametrize("chunksize", [None, 1])
+def test_imap_yields_the_results_ahead_of_an_input_error(chunksize: int | None) -> None:
+    with Pool(2, start_method="fork") as pool:
+        it = pool.imap(pd.square, _failing_input(10, 5), chunksize)
+        assert [next(it) for _ in range(5)] == [0, 1, 4, 9, 16]
+        with pytest.raises(OSError, match="input broke") as info:
+            next(it)
+        assert info.value.__cause__ is None  # the caller's own error, not a remote one
+
+
+def _square_and_pid(x: int) -> tuple[int, int]:
+    return x * x, os.getpid()
+
+
+@pytest.mark.parametrize("how", ["map", "submit"])
+def test_maxtasksperchild_replaces_the_workers_and_keeps_results(how: str) -> None:
+    with Pool(2, start_method="fork", maxtasksperchild=3) as pool:
+        first = {p.pid for p in pool._runner._workers.procs}
+        if how == "map":
+            out = pool.map(_square_and_pid, range(30), chunksize=1)
+        else:
+            futs = [pool.submit(_square_and_pid, x) for x in range(30)]
+            out = [f.result(timeout=60) for f in futs]
+    assert [r for r, _ in out] == [x * x for x in range(30)]
+    pids = {p for _, p in out}
+    # 30 tasks, 2 workers, 3 tasks each: at least 5 generations of workers (each ran some)
+    assert len(pids) >= 5 and not pids <= first, pids
+    assert max(sum(1 for _, p in out if p == pid) for pid in pids) <= 3 * 2
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.5, "12"])
+def test_maxtasksperchild_must_be_a_positive_int(bad: object) -> None:
+    with pytest.raises(ValueError):
+        Pool(1, maxtasksperchild=bad)  # type: ignore[arg-type]
+
+
+def test_shutdown_without_wait_and_interpreter_exit_finish_pending_tasks(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    script = f"""
+import sys, time
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+import pool_defs as pd
+from easycore.parallel import PoolExecutor
+ex = PoolExecutor(1, start_method="fork")
+for i in range(4):
+    ex.submit(pd.mark, {str(tmp_path)!r} + f"/done{{i}}", i)
+ex.submit(time.sleep, 0.3)
+ex.shutdown(wait=False)
+"""
+    proc = subprocess.run([sys.executable, "-c", script], timeout=90, capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"done{i}" for i in range(4)]
+
+
+def test_shutdown_cancel_futures_cancels_only_tasks_not_started() -> None:
+    ex = PoolExecutor(2, start_method="fork")
+    fs = [ex.submit(time.sleep, 0.05) for _ in range(50)]
+    ex.shutdown(cancel_futures=True)
+    cancelled = [f for f in fs if f.cancelled()]
+    assert len(cancelled) > 20
+    for f in fs:
+        if not f.cancelled():  # those already running finished, without error
+            assert f.done() and f.exception() is None
