@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the abi3 wheel from dist/ (scripts/wheels.sh builds it) into a slim venv for each
 # other CPython it finds (3.12, 3.13: the wheel's one build serves every CPython from 3.11 on)
-# and runs the pool, queue and runner suites there, against the installed wheel rather than
+# and runs the pool, queue and runner suites there (CPython's own pool suites too, where the
+# interpreter ships them), against the installed wheel rather than
 # the source tree. The venvs hold the test tools, numpy and the package's own dependencies;
 # no torch, no Ray (those tests skip). Called by scripts/test.sh on a full run.
 #
@@ -39,7 +40,8 @@ if [ "${#pythons[@]}" -eq 0 ]; then
     exit 0
 fi
 
-suites=(tests/test_pool.py tests/test_pool_queue.py tests/test_queue.py tests/test_runner.py)
+suites=(tests/test_pool.py tests/test_pool_dropin.py tests/test_pool_queue.py tests/test_queue.py
+        tests/test_runner.py tests/test_stdlib_conformance.py)
 for py in "${pythons[@]}"; do
     version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     venv="$root/.venv-py$version"
