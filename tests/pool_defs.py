@@ -117,3 +117,19 @@ def queue_owner(conn):
     q.put("left")
     conn.send(q)
     conn.recv()  # never answered: the test kills this process
+
+
+def call_it(f, *args):
+    """Calls ``f`` (an argument that may be a lambda) with ``args``."""
+    return f(*args)
+
+
+def augment(i):
+    """Draws from the global random and numpy generators, as a Dataset's augmentation does."""
+    import random
+
+    import numpy as np
+
+    if i % 5 == 0:
+        time.sleep(0.002)  # uneven work: scheduling differs from run to run
+    return (i, random.random(), float(np.random.rand()), int(np.random.randint(0, 1 << 30)))

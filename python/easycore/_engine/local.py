@@ -66,6 +66,8 @@ class LocalStart:
         queue_scale: scales the queues' byte budgets with the number of producers.
         flavour: the codec and the start context.
         setup: ``setup(device)`` run first in each producer, or None.
+        seed_per_item: each item's random stream is seeded from the seed, the call and its
+            index (see ``producer.seed_for_item``).
     """
 
     hooks: Any
@@ -78,6 +80,7 @@ class LocalStart:
     queue_scale: float
     flavour: Flavour
     setup: Callable[[str], Any] | None
+    seed_per_item: bool = False
 
     def spawn_hint(self) -> str:
         """What the start method is, and why, for errors."""
@@ -169,7 +172,13 @@ def start_local(start: LocalStart) -> LocalWorkers:
     workers = LocalWorkers(procs, list(start.devices), in_q, out_q, state, out_bytes)
     try:
         for i, dev in enumerate(start.devices):
-            opts = {"n": n, "seed": start.seed, "start_method": start.start_method, "state": state}
+            opts = {
+                "n": n,
+                "seed": start.seed,
+                "seed_per_item": start.seed_per_item,
+                "start_method": start.start_method,
+                "state": state,
+            }
             p = ctx.Process(
                 target=producer_main,
                 args=(start.hooks, i, dev, start.cfg, in_q, out_q, os.getpid(), start.setup, opts),

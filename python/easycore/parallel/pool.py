@@ -38,9 +38,9 @@ How work travels::
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import os
-import pickle
 import threading
 import time
 import weakref
@@ -58,7 +58,7 @@ from easycore.errors import (
     SerializationError,
 )
 from easycore.parallel.feed import _ONE, _STAR, Feed
-from easycore.parallel.functions import portable
+from easycore.parallel.functions import Bodies, pickle_args, portable
 from easycore.parallel.job import _Job
 from easycore.parallel.results import AsyncResult, _async_result
 from easycore.parallel.service import _WINDOW, StreamService
@@ -70,6 +70,10 @@ _P = ParamSpec("_P")
 
 
 # ----- in the caller -----
+
+
+def _keep(obj: Any, fut: Future[Any]) -> None:
+    """A done-callback that does nothing: it keeps ``obj`` referenced until ``fut`` is done."""
 
 
 class Pool(StreamService):
@@ -97,6 +101,11 @@ class Pool(StreamService):
             as the runners choose (fork on Linux for CPU workers made while one thread runs).
         seed (int, optional): worker ``i`` seeds ``random``, numpy and torch with
             ``seed + i``; default a random base.
+        seed_per_item (bool): also seed ``random``, numpy's global generator and torch
+            (where imported) before *each item* (and each task), from ``seed``, the call
+            and the item's index: what an item draws is then the same with any number of
+            workers and any scheduling, run after run (give ``seed``). Costs a few
+            microseconds per item (more with numpy imported); off by default.
         window (int, optional): most items of one ``map``/``imap`` read ahead of what its
             caller consumed, and most items in flight; default 65536, so that cheap items
             travel in large batches and are read in long runs. Items in flight and results
@@ -120,6 +129,7 @@ class Pool(StreamService):
         *,
         start_method: str | None = None,
         seed: int | None = None,
+        seed_per_item: bool = False,
         window: int | None = None,
         queue_scale: float = 3.0,
         close_timeout: float = 10.0,
@@ -140,6 +150,7 @@ class Pool(StreamService):
         how = "ray" if remote else start_method or "spawn"
         init = None if initializer is None else portable(initializer, how)
         self._cv = threading.Condition(threading.Lock())
+        self._bodies = Bodies()  # large function bodies, stored once (see functions.py)
         # (future, task id, pickle)
         self._tasks: collections.deque[tuple[Future[Any], int, bytes]] = collections.deque()
         self._running: dict[int, Future[Any]] = {}  # sent tasks by id
@@ -164,6 +175,7 @@ class Pool(StreamService):
             seed=seed,
             backend=backend,
             on_unsendable=weakref.WeakMethod(self._unsendable),
+            item_seeds=seed_per_item,
         )
         self._window = self._runner._window
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
@@ -242,7 +254,7 @@ class Pool(StreamService):
         self._check_open()
         if chunksize is not None and not (isinstance(chunksize, int) and chunksize >= 1):
             raise InvalidArgument(f"chunksize must be a positive int or None, got {chunksize!r}")
-        f = portable(fn, self._runner.start_method)
+        f = portable(fn, self._runner.start_method, self._bodies)
         with self._cv:
             self._check_open()
             window = self._window
@@ -487,15 +499,18 @@ class Pool(StreamService):
             SerializationError: if the arguments cannot be pickled.
         """
         self._check_open()
-        f = portable(fn, self._runner.start_method)
+        f = portable(fn, self._runner.start_method, self._bodies)
         try:
-            blob = pickle.dumps((f, args, kwargs), protocol=5)
+            blob = pickle_args((f, args, kwargs))
         except Exception as e:
             raise SerializationError(
                 f"the arguments of {getattr(fn, '__qualname__', fn)!r} cannot be sent to the "
                 f"workers: {type(e).__name__}: {e}"
             ) from e
         fut: Future[_T] = Future()
+        # A function whose body lies in a shared arena (see functions.py) keeps it there
+        # until its task is done.
+        fut.add_done_callback(functools.partial(_keep, f))
         with self._cv:
             self._check_open()
             self._tasks.append((fut, next(self._ids), blob))
@@ -620,6 +635,7 @@ class Pool(StreamService):
         with self._cv:
             self._closing = True
             self._cv.notify_all()
+        self._bodies.clear()  # a call still running holds its own function's body
 
     def terminate(self) -> None:
         """Stops at once: queued futures are cancelled, running ones and open calls fail with
@@ -631,6 +647,7 @@ class Pool(StreamService):
             queued = list(self._tasks)
             self._tasks.clear()
             self._cv.notify_all()
+        self._bodies.clear()
         for fut, _tid, _blob in queued:
             fut.cancel()
         call = self._call

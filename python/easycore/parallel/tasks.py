@@ -12,16 +12,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from easycore._engine import wire
-from easycore._engine.producer import Interrupted
+from easycore._engine.producer import Interrupted, seed_for_item
 from easycore._engine.reports import error_report, not_picklable_report
 from easycore.common.parallel import engine
 from easycore.parallel.feed import _ONE, _TASK, _WorkItem, _WorkResult
-from easycore.parallel.functions import _ByValue, _load_by_value
+from easycore.parallel.functions import _ByValue, _load_by_value, by_cloudpickle
 
 _CONTEXT: Any = None
 _CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
 _IN_WORKER = False
 _INIT: tuple[Any, tuple[Any, ...]] | None = None
+_ITEM_SEED: int | None = None  # in producers: the base seed of per-item streams, if asked
 
 
 def context() -> Any:
@@ -46,14 +47,23 @@ class _Setup:
     """Run first in each producer: the flavour's own setup (CUDA device, threads), then keeps
     the initializer for ``producer_init``, which reports its errors to the caller."""
 
-    def __init__(self, base: Any, initializer: Any, initargs: tuple[Any, ...], codec: Any) -> None:
+    def __init__(
+        self,
+        base: Any,
+        initializer: Any,
+        initargs: tuple[Any, ...],
+        codec: Any,
+        item_seed: int | None = None,
+    ) -> None:
         self.codec = codec
         self.base = base
         self.initializer = initializer
         self.initargs = initargs
+        self.item_seed = item_seed
 
     def __call__(self, device: str) -> None:
-        global _IN_WORKER, _INIT
+        global _IN_WORKER, _INIT, _ITEM_SEED
+        _ITEM_SEED = self.item_seed
         if self.base is not None:
             self.base(device)
         _IN_WORKER = True
@@ -81,8 +91,11 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
     job, index, fn, arg, mode = data
     out: list[Any] = []
     try:
+        seed = _ITEM_SEED
         if mode == _TASK:
             f, args, kwargs = pickle.loads(arg)
+            if seed is not None:
+                seed_for_item(seed, index, 0)  # a task's id is never a job's
             value = f(*args, **kwargs)
             try:
                 # The result must travel: find out here, for this future only (buffers are
@@ -95,7 +108,10 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
         # list.extend appends each result as it comes: if fn raises, out holds the results
         # before the failing item (reported as "partial", and its index is index + len(out)).
         # No Python frame per item: about 25 ns an item less than a loop with append.
-        out.extend(map(fn, arg) if mode == _ONE else itertools.starmap(fn, arg))
+        if seed is not None:
+            _run_seeded(fn, arg, mode, seed, job, index, out)
+        else:
+            out.extend(map(fn, arg) if mode == _ONE else itertools.starmap(fn, arg))
         return job, index, True, (out, time.perf_counter() - t0)
     except Interrupted:
         raise
@@ -105,6 +121,16 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
         if out:
             report["partial"] = out  # the chunk's results before the failing item
         return job, index, False, report
+
+
+def _run_seeded(
+    fn: Any, arg: list[Any], mode: int, seed: int, job: int, index: int, out: list[Any]
+) -> None:
+    """A chunk with ``seed_per_item``: each item's random stream is seeded from the seed, its
+    call (the job) and its index, then the function runs; results are appended to ``out``."""
+    for k, x in enumerate(arg):
+        seed_for_item(seed, job, index + k)
+        out.append(fn(x) if mode == _ONE else fn(*x))
 
 
 def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_WorkResult | None]:
@@ -153,6 +179,27 @@ else:
     _RunnerBase = object
 
 
+def _by_value(
+    item: _WorkItem | None,
+    error: Exception,
+    fail: Callable[[_WorkItem, Exception], None],
+    codec: wire.Codec,
+) -> _WorkItem | None:
+    """A work item whose arguments plain pickle could not send: the same item with its
+    arguments sent by value with cloudpickle (a lambda or closure among them, as for the
+    function itself), or None after failing its call when cloudpickle cannot either."""
+    if item is None:
+        return None
+    job, index, fn, arg, mode = item
+    try:
+        wrapped = (job, index, fn, by_cloudpickle(arg), mode)
+        codec.dumps(wrapped)
+        return wrapped
+    except Exception:  # noqa: BLE001 - the first error says why it cannot be sent
+        fail(item, error)
+        return None  # travels as nothing (the batch keeps its length: see Feed.pack)
+
+
 class _TaskHooks(_RunnerBase):
     """The hooks of the pool's internal runner (mixed into a runner flavour)."""
 
@@ -162,18 +209,22 @@ class _TaskHooks(_RunnerBase):
         setup: tuple[Any, tuple[Any, ...]],
         *,
         on_unsendable: Callable[[], Callable[[_WorkItem, Exception], None] | None] | None = None,
+        item_seeds: bool = False,
         **kwargs: Any,
     ) -> None:
         """``setup``: ``(initializer, initargs)``; ``on_unsendable``: a weak reference (called
         with no argument) to what fails the call of an input item that cannot be pickled
-        (the pool's), or None: such an item fails the whole stream."""
+        (the pool's), or None: such an item fails the whole stream; ``item_seeds``: seed each
+        item's random stream (the pool's ``seed_per_item``)."""
         self._pool_init = setup
+        self._item_seeds = item_seeds
         self._on_unsendable = on_unsendable
         super().__init__(devices, **kwargs)
 
     def _producer_setup(self, n_producers: int) -> _Setup:
         base = super()._producer_setup(n_producers)
-        return _Setup(base, *self._pool_init, self._codec())
+        seed = self.seed if self._item_seeds else None
+        return _Setup(base, *self._pool_init, self._codec(), seed)
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
@@ -194,8 +245,7 @@ class _TaskHooks(_RunnerBase):
             try:
                 codec.dumps(item)  # out-of-band buffers are not copied by this check
             except Exception as e:  # noqa: BLE001 - reported to the item's call
-                fail(item, e)
-                item = None  # travels as nothing (the batch keeps its length: see Feed.pack)
+                item = _by_value(item, e, fail, codec)
             kept.append(item)
         return kept
 

@@ -299,7 +299,11 @@ class RayWorkers(Transport):
         n = len(plan.devices)
         setup = runner._producer_setup(n)
         codec = runner._codec()
-        opts = {"n": n, "seed": runner._seed}
+        opts = {
+            "n": n,
+            "seed": runner._seed,
+            "seed_per_item": getattr(runner, "_seed_per_item", False),
+        }
         handles = []
         try:
             for i, options in enumerate(plan.options):

@@ -1,0 +1,99 @@
+"""What code ported from DataLoader, mpire and torch.multiprocessing relies on: a large
+closure sent once (not with every batch), lambdas inside arguments. Every test closes its
+pools; nothing here asserts a duration."""
+
+from __future__ import annotations
+
+import pool_defs as pd
+import pytest
+from easycore.errors import WorkerDiedError
+from easycore.parallel import Pool
+
+METHODS = ["fork", "spawn"]
+
+
+def _bytes_per_batch(method: str, size: int) -> float:
+    data = bytes(range(256)) * (size // 256)
+    with Pool(2, start_method=method) as pool:
+        for _ in range(3):
+            got = list(pool.imap(lambda i: data[i % len(data)], range(300), chunksize=1))
+            assert got == [data[i % len(data)] for i in range(300)]
+        s = pool.stats
+        return s.bytes_in / max(1, s.batches)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_large_closure_is_not_sent_with_every_batch(method):
+    # A closure over 4 MiB and one over 4 KiB cost the same bytes per batch on the wire.
+    small = _bytes_per_batch(method, 4096)
+    large = _bytes_per_batch(method, 4 << 20)
+    assert large < 16 * 1024, (small, large)
+    assert large < small + 4096, (small, large)
+
+
+@pytest.mark.timeout(120)
+def test_a_restarted_worker_gets_the_body_of_a_closure_it_never_saw():
+    data = bytes(range(256)) * 4096  # 1 MiB: sent once, through shared memory
+    f = lambda i: data[i] + i  # noqa: E731
+    with Pool(2, start_method="spawn") as pool:
+        assert pool.map(f, range(100)) == [data[i] + i for i in range(100)]
+        with pytest.raises(WorkerDiedError):
+            pool.submit(pd.die_on, 1, 1).result(timeout=60)
+        # Fresh workers (no cache) read the body of the same closure.
+        assert pool.map(f, range(100)) == [data[i] + i for i in range(100)]
+        assert pool.submit(f, 7).result(timeout=60) == data[7] + 7
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_lambdas_inside_arguments_travel_by_value(method):
+    k = 5
+    with Pool(2, start_method=method) as pool:
+        fns = [lambda x, i=i: x * i + k for i in range(20)]
+        thunks = [lambda i=i: i + k for i in range(20)]
+        assert pool.map(pd.call_it, thunks, chunksize=3) == [i + k for i in range(20)]
+        assert pool.starmap(pd.call_it, [(f, 2) for f in fns]) == [2 * i + k for i in range(20)]
+        assert list(pool.imap(pd.call_it, iter([lambda: 1, lambda: 2]))) == [1, 2]
+        assert pool.submit(pd.call_it, lambda y: y + k, 1).result(timeout=60) == 6
+        assert pool.apply(pd.call_it, (lambda: k,)) == 5
+        # Plain arguments still take plain pickle (and still work next to the others).
+        assert pool.map(pd.square, range(10)) == [x * x for x in range(10)]
+
+
+def _augmented(processes: int, method: str, **kw):
+    with Pool(processes, start_method=method, seed=1234, seed_per_item=True, **kw) as pool:
+        first = pool.map(pd.augment, range(64), chunksize=3)
+        second = sorted(pool.imap_unordered(pd.augment, iter(range(64))))
+        task = pool.submit(pd.augment, 7).result(timeout=60)
+        return first, second, task
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", METHODS)
+def test_seed_per_item_gives_the_same_draws_with_any_number_of_workers(method):
+    one = _augmented(1, method)
+    three = _augmented(3, method)
+    assert one == three
+    first, second, task = one
+    # Each item draws its own numbers: different items (and calls) differ.
+    assert len({r[1] for r in first}) == 64
+    assert {r[1] for r in first}.isdisjoint(r[1] for r in second)
+    # Without seed_per_item, items draw from the worker's stream: not the same per item.
+    with Pool(3, start_method=method, seed=1234) as pool:
+        plain = pool.map(pd.augment, range(64), chunksize=3)
+    assert plain != first
+
+
+@pytest.mark.timeout(180)
+def test_a_runner_with_seed_per_item_gives_the_same_draws_with_any_number_of_producers():
+    import runner_defs as rd
+
+    def run(n):
+        with rd.Augment(devices=n, seed=99, seed_per_item=True) as r:
+            return r(range(50)), r(range(50))
+
+    one, three = run(1), run(3)
+    assert one == three
+    assert one[0] != one[1]  # the second call draws other numbers
+    assert len({x[1] for x in one[0]}) == 50
