@@ -133,3 +133,13 @@ def augment(i):
     if i % 5 == 0:
         time.sleep(0.002)  # uneven work: scheduling differs from run to run
     return (i, random.random(), float(np.random.rand()), int(np.random.randint(0, 1 << 30)))
+
+
+def fill_(t, value):
+    """Fills the tensor ``t`` in place; returns its sum."""
+    t.fill_(value)
+    return float(t.sum())
+
+
+def same(x):
+    return x
