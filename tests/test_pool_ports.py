@@ -97,3 +97,32 @@ def test_a_runner_with_seed_per_item_gives_the_same_draws_with_any_number_of_pro
     assert one == three
     assert one[0] != one[1]  # the second call draws other numbers
     assert len({x[1] for x in one[0]}) == 50
+
+
+@pytest.mark.timeout(120)
+def test_progress_takes_tqdm_options_and_shows_the_total_of_a_sized_input():
+    import io
+
+    with Pool(2, start_method="fork") as pool:
+        out = io.StringIO()
+        got = pool.map(pd.square, set(range(30)), progress={"desc": "epoch 3", "file": out})
+        assert sorted(got) == [x * x for x in range(30)]
+        text = out.getvalue()
+        assert "epoch 3" in text and "30/30" in text, text
+        out = io.StringIO()
+        gen = (x for x in range(12))
+        got = list(pool.imap(pd.square, gen, progress={"total": 12, "file": out, "ascii": True}))
+        assert got == [x * x for x in range(12)]
+        assert "12/12" in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.timeout(120)
+def test_a_runner_takes_tqdm_options_too():
+    import io
+
+    import runner_defs as rd
+
+    out = io.StringIO()
+    with rd.Jittery(devices=1) as r:
+        assert r(range(20), progress={"desc": "val", "file": out}) == list(range(20))
+    assert "val" in out.getvalue() and "20/20" in out.getvalue(), out.getvalue()

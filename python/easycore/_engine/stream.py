@@ -115,6 +115,19 @@ def _ema(prev: float, x: float, weight: float = 0.3) -> float:
     return x if prev <= 0 else (1.0 - weight) * prev + weight * x
 
 
+def progress_bar(progress: Any, total: int | None, desc: str) -> Any:
+    """A tqdm bar for ``progress=``: True, or a dict of ``tqdm.tqdm`` keyword arguments
+    (``desc``, ``total``, ``leave``, ``position``, ``unit``…) that override the defaults
+    (``total``: the input's length when known; ``desc``: the runner's or pool's class)."""
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
+    options: dict[str, Any] = {"total": total, "unit": "item", "desc": desc}
+    if isinstance(progress, dict):
+        options.update(progress)
+    return tqdm.tqdm(**options)
+
+
 class Call(InputSide):
     """The state of one call: reading, sending, receiving, ordering, accounting, clean-up."""
 
@@ -124,7 +137,7 @@ class Call(InputSide):
         self,
         runner: RunnerLike,
         data_iter: Iterable[Any],
-        progress: bool,
+        progress: bool | dict[str, Any],
         timeout: float | None,
         is_imap: bool,
         read_ahead: bool = True,
@@ -254,10 +267,7 @@ class Call(InputSide):
                 self._fail(e)  # closes the runner: activate() restarts it
                 raise
         if self.progress:
-            import tqdm
-
-            tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
-            self.bar = tqdm.tqdm(total=self.total, unit="item", desc=type(self.runner).__name__)
+            self.bar = progress_bar(self.progress, self.total, type(self.runner).__name__)
         if self.it is not None and self.read_ahead:
             self.reader = threading.Thread(
                 target=self._read_runs, name="easycore-input", daemon=True

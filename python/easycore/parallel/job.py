@@ -5,12 +5,20 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from typing import Any, cast
 
 from easycore._engine.reports import worker_error
 
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
+
+
+def _length(iterable: Iterable[Any]) -> int | None:
+    """The number of items of an input that says it (``len``), else None."""
+    try:
+        return len(iterable) if isinstance(iterable, Sized) else None
+    except Exception:  # noqa: BLE001 - a broken __len__: no total
+        return None
 
 
 class _Job:
@@ -33,6 +41,7 @@ class _Job:
         # (in chunks only if asked: filling a chunk would hold back items while next() waits).
         self.seq = cast("Sequence[Any]", iterable) if type(iterable) in _SEQUENCES else None
         self.it = None if self.seq is not None else iter(iterable)
+        self.total = len(self.seq) if self.seq is not None else _length(iterable)
         self.chunksize = chunksize
         self.mode = mode
         self.ordered = ordered

@@ -44,13 +44,14 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar, cast
 
 from easycore._engine import lifecycle
 from easycore._engine.lifecycle import TICK, Stage
 from easycore._engine.stats import RunnerStats
+from easycore._engine.stream import progress_bar
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -272,23 +273,21 @@ class Pool(StreamService):
             self._cut_feed()  # stop reading its input
             self._cv.notify_all()
 
-    def _results(self, job: _Job, timeout: float | None, progress: bool = False) -> Iterator[Any]:
+    def _results(
+        self, job: _Job, timeout: float | None, progress: bool | dict[str, Any] = False
+    ) -> Iterator[Any]:
         """The results of ``job``, one at a time: a C-level chain over the lists that
         :meth:`_result_chunks` hands out (no Python frame per result)."""
         return itertools.chain.from_iterable(self._result_chunks(job, timeout, progress))
 
     def _result_chunks(
-        self, job: _Job, timeout: float | None, progress: bool
+        self, job: _Job, timeout: float | None, progress: bool | dict[str, Any]
     ) -> Iterator[list[Any]]:
         self._check_not_service()
         deadline = None if timeout is None else time.monotonic() + timeout
         bar = None
         if progress:
-            import tqdm
-
-            tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
-            total = len(job.seq) if isinstance(job.seq, Sized) else None
-            bar = tqdm.tqdm(total=total, unit="item", desc=type(self).__name__)
+            bar = progress_bar(progress, job.total, type(self).__name__)
         try:
             while True:
                 with job.cv:
@@ -353,7 +352,7 @@ class Pool(StreamService):
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
     ) -> Iterator[_T]:
         """Lazily yields ``func(x)`` for each ``x`` of ``iterable``, in input order.
 
@@ -371,7 +370,10 @@ class Pool(StreamService):
                 ``TimeoutError`` (the pool stays usable). This is the meaning of
                 ``concurrent.futures`` and ``multiprocessing.Pool``: a deadline for the
                 call. (A runner's ``timeout=`` is the manual's: seconds without a result.)
-            progress (bool): show a tqdm progress bar of the results handed out.
+            progress (bool or dict): show a tqdm progress bar of the results handed out;
+                a dict gives ``tqdm.tqdm``'s keyword arguments (``desc``, ``leave``,
+                ``position``…, and ``total`` for an input whose length is not known). The
+                total is the input's length when it has one (a sequence, a set, a dict…).
 
         Returns:
             Iterator: the results, in input order.
@@ -387,7 +389,7 @@ class Pool(StreamService):
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
     ) -> Iterator[_T]:
         """As :meth:`imap`, but yields results as they arrive.
 
@@ -396,7 +398,7 @@ class Pool(StreamService):
             iterable (Iterable): the arguments.
             chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
-            progress (bool): as for :meth:`imap`.
+            progress (bool or dict): as for :meth:`imap`.
 
         Returns:
             Iterator: the results, in completion order.
@@ -413,7 +415,7 @@ class Pool(StreamService):
         *,
         ordered: bool = True,
         timeout: float | None = None,
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
     ) -> Iterator[_T]:
         """Lazily yields ``func(*args)`` for each ``args`` of ``iterable``.
 
@@ -423,7 +425,7 @@ class Pool(StreamService):
             chunksize (int, optional): as for :meth:`imap`.
             ordered (bool): in input order (default) or as results arrive.
             timeout (float, optional): as for :meth:`imap`.
-            progress (bool): as for :meth:`imap`.
+            progress (bool or dict): as for :meth:`imap`.
 
         Returns:
             Iterator: the results.
@@ -439,7 +441,7 @@ class Pool(StreamService):
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
     ) -> list[_T]:
         """``[func(x) for x in iterable]``, computed by the workers.
 
@@ -448,7 +450,7 @@ class Pool(StreamService):
             iterable (Iterable): the arguments (read lazily, as for :meth:`imap`).
             chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
-            progress (bool): as for :meth:`imap`.
+            progress (bool or dict): as for :meth:`imap`.
 
         Returns:
             list: the results, in input order.
@@ -462,7 +464,7 @@ class Pool(StreamService):
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
     ) -> list[_T]:
         """``[func(*args) for args in iterable]``, computed by the workers.
 
@@ -471,7 +473,7 @@ class Pool(StreamService):
             iterable (Iterable[Iterable]): argument tuples.
             chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
-            progress (bool): as for :meth:`imap`.
+            progress (bool or dict): as for :meth:`imap`.
 
         Returns:
             list: the results, in input order.

@@ -422,7 +422,7 @@ class BaseRunner(RunnerHooks):
     def __call__(
         self,
         data_iter: Iterable[Any],
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
         timeout: float | None = None,
         *,
         read_ahead: bool = True,
@@ -437,8 +437,9 @@ class BaseRunner(RunnerHooks):
             data_iter (Iterable): iterator of data; read lazily (a ``range``, list or tuple
                 in place, any other iterable by a helper thread that keeps at most
                 ``window`` items ahead).
-            progress (bool): show a tqdm progress bar (with a total when ``data_iter`` has a
-                length).
+            progress (bool or dict): show a tqdm progress bar (with a total when
+                ``data_iter`` has a length); a dict gives ``tqdm.tqdm``'s keyword arguments
+                (``desc``, ``leave``, ``position``…, ``total`` for an input of unknown length).
             timeout (float, optional): seconds to wait for the next result while items are
                 in flight; when it runs out, :class:`~easycore.errors.RunnerTimeoutError`
                 (a ``TimeoutError``) names the stuck item and producer, and the runner is
@@ -460,7 +461,7 @@ class BaseRunner(RunnerHooks):
     def imap(
         self,
         data_iter: Iterable[Any],
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
         timeout: float | None = None,
         *,
         read_ahead: bool = True,
@@ -474,7 +475,7 @@ class BaseRunner(RunnerHooks):
 
         Args:
             data_iter (Iterable): iterator of data.
-            progress (bool): show a tqdm progress bar.
+            progress (bool or dict): as for ``__call__``.
             timeout (float, optional): as for :meth:`__call__`.
             read_ahead (bool): as for :meth:`__call__`.
 
