@@ -143,3 +143,20 @@ def fill_(t, value):
 
 def same(x):
     return x
+
+
+def count_init():
+    return {"tasks": 0, "pid": os.getpid()}
+
+
+def counted(x):
+    from easycore.parallel import context
+
+    context()["tasks"] += 1
+    return x
+
+
+def count_exit():
+    from easycore.parallel import context
+
+    return dict(context())

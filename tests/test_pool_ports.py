@@ -4,6 +4,8 @@ pools; nothing here asserts a duration."""
 
 from __future__ import annotations
 
+import os
+
 import pool_defs as pd
 import pytest
 from easycore.errors import WorkerDiedError
@@ -126,3 +128,31 @@ def test_a_runner_takes_tqdm_options_too():
     with rd.Jittery(devices=1) as r:
         assert r(range(20), progress={"desc": "val", "file": out}) == list(range(20))
     assert "val" in out.getvalue() and "20/20" in out.getvalue(), out.getvalue()
+
+
+@pytest.mark.timeout(120)
+def test_a_runners_producer_end_values_are_collected():
+    import runner_defs as rd
+
+    r = rd.EndValue(devices=["cpu", "cpu"])
+    assert r.exit_results == []
+    assert r(range(40)) == list(range(40))
+    r.close()
+    assert [e[:2] for e in r.exit_results] == [(0, "cpu"), (1, "cpu")]
+    assert sum(e[2] for e in r.exit_results) == 40
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_a_pools_worker_exit_results_are_collected(method):
+    with Pool(2, initializer=pd.count_init, worker_exit=pd.count_exit, start_method=method) as p:
+        assert p.map(pd.counted, range(100), chunksize=5) == list(range(100))
+        pids = {p.submit(os.getpid).result(timeout=60) for _ in range(4)}
+    results = p.exit_results
+    assert len(results) == 2
+    assert sum(r["tasks"] for r in results) == 100
+    assert pids <= {r["pid"] for r in results}
+    k = 7
+    with Pool(1, worker_exit=lambda: k * 6, start_method=method) as p:
+        p.map(pd.square, range(3))
+    assert p.exit_results == [42]

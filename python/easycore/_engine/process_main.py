@@ -201,8 +201,7 @@ def producer_main(
             continue  # the caller gave up on this call: drop the batch, wait for the next
 
     ignore_signal(INTERRUPT_SIGNAL)  # an interrupt for work already done may arrive now
-    end_error = core.end()
-    _send(out_q, codec, index, wire.BYE, end_error, alive)
+    _send(out_q, codec, index, wire.BYE, core.goodbye(), alive)
     if opts.get("start_method") == "fork":
         # A forked multiprocessing child leaves by os._exit, which skips the C atexit hook
         # that removes this process's liveness token (/dev/shm/ec.<pid>-<nonce>.live): every

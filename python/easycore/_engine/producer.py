@@ -250,6 +250,7 @@ class ProducerCore:
         self.abort_word = STATE_FIELDS * n_producers
         self.busy = 0.0  # seconds in producer_work (and unpickling), reported with results
         self.working_call = 0  # the call of the batch being run (0: none)
+        self.exit_value: Any = None  # what producer_end returned
 
     # ----- start and end -----
 
@@ -274,15 +275,31 @@ class ProducerCore:
         return None
 
     def end(self) -> dict[str, Any] | None:
-        """Runs ``producer_end``, then stops the pools and runners the hooks made here and
-        left open: None, or the error report if ``producer_end`` raised."""
+        """Runs ``producer_end`` (its return value is kept in :attr:`exit_value`), then stops
+        the pools and runners the hooks made here and left open: None, or the error report
+        if ``producer_end`` raised."""
         report = None
         try:
-            self.hooks.producer_end(self.device, self.cfg)
+            self.exit_value = self.hooks.producer_end(self.device, self.cfg)
         except BaseException as e:  # noqa: BLE001
             report = error_report("producer_end", self.device, None, e, "hook")
         lifecycle.stop_all()
         return report
+
+    def goodbye(self) -> tuple[dict[str, Any] | None, Any]:
+        """Runs :meth:`end`; returns what the caller is told: ``(error report or None,
+        producer_end's return value)``, the value replaced by an error report if it cannot be
+        pickled (it is the caller's ``exit_results``)."""
+        report = self.end()
+        value = self.exit_value
+        if value is not None:
+            try:
+                self.codec.dumps(value)
+            except Exception as e:  # noqa: BLE001 - reported to the caller
+                if report is None:
+                    report = not_picklable_report("producer_end", self.device, None, e, value)
+                value = None
+        return report, value
 
     def interrupted(self) -> bool:
         """Whether the caller gave up on the call being run (local producers)."""

@@ -107,6 +107,9 @@ class Pool(StreamService):
             and the item's index: what an item draws is then the same with any number of
             workers and any scheduling, run after run (give ``seed``). Costs a few
             microseconds per item (more with numpy imported); off by default.
+        worker_exit (Callable, optional): called with no argument in each worker as it
+            stops (after its last task; :func:`context` still works); what it returns is in
+            :attr:`exit_results` once :meth:`join` returned.
         window (int, optional): most items of one ``map``/``imap`` read ahead of what its
             caller consumed, and most items in flight; default 65536, so that cheap items
             travel in large batches and are read in long runs. Items in flight and results
@@ -131,6 +134,7 @@ class Pool(StreamService):
         start_method: str | None = None,
         seed: int | None = None,
         seed_per_item: bool = False,
+        worker_exit: Callable[[], Any] | None = None,
         window: int | None = None,
         queue_scale: float = 3.0,
         close_timeout: float = 10.0,
@@ -177,6 +181,7 @@ class Pool(StreamService):
             backend=backend,
             on_unsendable=weakref.WeakMethod(self._unsendable),
             item_seeds=seed_per_item,
+            worker_exit=None if worker_exit is None else portable(worker_exit, how),
         )
         self._window = self._runner._window
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
@@ -200,6 +205,13 @@ class Pool(StreamService):
     def start_method(self) -> str:
         """str: how worker processes are started."""
         return self._runner.start_method
+
+    @property
+    def exit_results(self) -> list[Any]:
+        """What ``worker_exit`` returned in each worker (by worker index) when the workers
+        last stopped: after :meth:`join` (or leaving a ``with`` block); None for a worker
+        that died or, without ``worker_exit``, for every worker."""
+        return list(self._runner.exit_results)
 
     @property
     def seed(self) -> int:

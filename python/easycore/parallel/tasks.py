@@ -23,6 +23,7 @@ _CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
 _IN_WORKER = False
 _INIT: tuple[Any, tuple[Any, ...]] | None = None
 _ITEM_SEED: int | None = None  # in producers: the base seed of per-item streams, if asked
+_EXIT: Any = None  # in producers: the pool's worker_exit, if any
 
 
 def context() -> Any:
@@ -54,16 +55,21 @@ class _Setup:
         initargs: tuple[Any, ...],
         codec: Any,
         item_seed: int | None = None,
+        worker_exit: Any = None,
     ) -> None:
         self.codec = codec
+        self.worker_exit = worker_exit
         self.base = base
         self.initializer = initializer
         self.initargs = initargs
         self.item_seed = item_seed
 
     def __call__(self, device: str) -> None:
-        global _IN_WORKER, _INIT, _ITEM_SEED
+        global _IN_WORKER, _INIT, _ITEM_SEED, _EXIT
         _ITEM_SEED = self.item_seed
+        _EXIT = self.worker_exit
+        if isinstance(_EXIT, _ByValue):  # not pickled on the way (fork)
+            _EXIT = _load_by_value(_EXIT.key, _EXIT.blob)
         if self.base is not None:
             self.base(device)
         _IN_WORKER = True
@@ -79,6 +85,12 @@ def _run_initializer(device: str, cfg: Any) -> None:
     if _INIT is not None and _INIT[0] is not None:
         init, initargs = _INIT
         _CONTEXT = init(*initargs)
+
+
+def _run_exit(device: str, cfg: Any) -> Any:
+    """The pool's ``worker_exit``, run once in each worker as it stops: its return value is
+    one of the pool's ``exit_results``."""
+    return _EXIT() if _EXIT is not None else None
 
 
 def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | None:
@@ -210,24 +222,28 @@ class _TaskHooks(_RunnerBase):
         *,
         on_unsendable: Callable[[], Callable[[_WorkItem, Exception], None] | None] | None = None,
         item_seeds: bool = False,
+        worker_exit: Any = None,
         **kwargs: Any,
     ) -> None:
         """``setup``: ``(initializer, initargs)``; ``on_unsendable``: a weak reference (called
         with no argument) to what fails the call of an input item that cannot be pickled
         (the pool's), or None: such an item fails the whole stream; ``item_seeds``: seed each
-        item's random stream (the pool's ``seed_per_item``)."""
+        item's random stream (the pool's ``seed_per_item``); ``worker_exit``: run in each
+        worker as it stops (its value is in ``exit_results``)."""
         self._pool_init = setup
         self._item_seeds = item_seeds
+        self._worker_exit = worker_exit
         self._on_unsendable = on_unsendable
         super().__init__(devices, **kwargs)
 
     def _producer_setup(self, n_producers: int) -> _Setup:
         base = super()._producer_setup(n_producers)
         seed = self.seed if self._item_seeds else None
-        return _Setup(base, *self._pool_init, self._codec(), seed)
+        return _Setup(base, *self._pool_init, self._codec(), seed, self._worker_exit)
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
+    producer_end = staticmethod(_run_exit)
     _fix_unsendable = staticmethod(_fix_unsendable)
 
     def _drop_unsendable(

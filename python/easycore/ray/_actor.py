@@ -112,10 +112,11 @@ class ProducerActor:
             out = self.core.codec.dumps(out)
         return seq, wire.pack_kind(t, call), to_ray_parts(out)
 
-    def stop(self) -> dict[str, Any] | None:
+    def stop(self) -> tuple[dict[str, Any] | None, Any]:
         """Runs ``producer_end`` (and closes runners the hooks left open).
 
         Returns:
-            dict or None: the error report of ``producer_end``, if it raised.
+            tuple: the error report of ``producer_end`` (None unless it raised), and its
+            return value.
         """
-        return self.core.end()
+        return self.core.goodbye()

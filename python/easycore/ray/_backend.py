@@ -278,6 +278,7 @@ class RayWorkers(Transport):
         self.dead_actors: set[int] = set()
         self.closed = False
         self.end_errors: list[dict[str, Any]] = []
+        self.exit_results: dict[int, Any] = {}
         self.owner_pid = os.getpid()
         self.inbox = _Inbox()
         self.receive = self.inbox.take  # type: ignore[method-assign]
@@ -462,11 +463,12 @@ class RayWorkers(Transport):
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=left)
             for ref in ready:
                 try:
-                    err = ray.get(ref)
+                    err, value = ray.get(ref)
                 except Exception:  # noqa: BLE001, S112 - died in producer_end: nothing to say
                     continue
                 if err is not None:
                     self.end_errors.append(err)
+                self.exit_results[stops[ref]] = value
         self.inbox.close()
         for h in self.handles:
             _kill(ray, h)

@@ -217,6 +217,9 @@ class BaseRunner(RunnerHooks):
         self._call_cond = threading.Condition()
         self._active_call: Call | None = None
         self.stats = RunnerStats()
+        # What each producer's producer_end returned, by position in devices, when the
+        # producers last stopped (close()); None for one that returned nothing or died.
+        self.exit_results: list[Any] = []
         install_handler()
         self.activate()
 
@@ -316,6 +319,8 @@ class BaseRunner(RunnerHooks):
     def close(self) -> None:
         """Shutdown all processes if this runner is alive (``producer_end`` runs in each).
 
+        What each ``producer_end`` returned is then in ``exit_results`` (a list by position
+        in ``devices``; None for a producer that returned nothing or died).
         Closing twice is harmless. Errors raised by ``producer_end`` are reported as a
         :class:`~easycore.errors.WorkerError` after every process has stopped. Ctrl-C while
         ``close()`` waits kills the producers at once. In a forked child the parent's runner
@@ -333,6 +338,8 @@ class BaseRunner(RunnerHooks):
         if workers is None or workers.closed:
             return
         workers.shutdown(self._close_timeout, interrupt=interrupt)
+        results = workers.exit_results
+        self.exit_results = [results.get(i) for i in range(len(self._devices))]
         if workers.end_errors:
             raise worker_error(workers.end_errors[0])
 
