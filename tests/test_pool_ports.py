@@ -156,3 +156,18 @@ def test_a_pools_worker_exit_results_are_collected(method):
     with Pool(1, worker_exit=lambda: k * 6, start_method=method) as p:
         p.map(pd.square, range(3))
     assert p.exit_results == [42]
+
+
+@pytest.mark.timeout(120)
+def test_stats_count_the_items_each_worker_ran():
+    import runner_defs as rd
+
+    with Pool(2, start_method="fork") as pool:
+        pool.map(pd.square, range(500), chunksize=10)
+        pool.submit(pd.square, 3).result(timeout=60)
+        s = pool.stats
+        assert sorted(s.producer_items) == [0, 1]
+        assert sum(s.producer_items.values()) == 50 + 1  # chunks and the task
+    with rd.Jittery(devices=2) as r:
+        r(range(300))
+        assert sum(r.stats.producer_items.values()) == 300

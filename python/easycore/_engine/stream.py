@@ -237,6 +237,7 @@ class Call(InputSide):
         self.stats = RunnerStats(
             producer_busy_s={i: 0.0 for i in range(self.n)},
             producer_wait_s={i: 0.0 for i in range(self.n)},
+            producer_items={i: 0 for i in range(self.n)},
         )
         self.progress = progress
         self.bar: Any = None  # a tqdm bar (progress=True)
@@ -428,6 +429,8 @@ class Call(InputSide):
         )
 
     def _learn(self, wi: int, busy: float, wait: float, count: int) -> None:
+        items = self.stats.producer_items
+        items[wi] = items.get(wi, 0) + count
         prev = self.busy_seen.get(wi)
         self.busy_seen[wi] = busy
         prev_wait = self.wait_seen.get(wi, wait)
@@ -584,6 +587,7 @@ class Call(InputSide):
             self.stats,
             producer_busy_s=dict(self.stats.producer_busy_s),
             producer_wait_s=dict(self.stats.producer_wait_s),
+            producer_items=dict(self.stats.producer_items),
         )
         self._fill_stats(s)
         return s
