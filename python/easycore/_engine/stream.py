@@ -386,6 +386,8 @@ class Call(InputSide):
             r = self.runner
             r._out_bytes_per_item = _ema(r._out_bytes_per_item, nb / max(1, count))
             self._learn(wi, busy, wait, count)
+            done = self.stats.producer_items
+            done[wi] = done.get(wi, 0) + count
             if self.reorder is None:
                 out.append((first, results, count))
             else:
@@ -429,8 +431,6 @@ class Call(InputSide):
         )
 
     def _learn(self, wi: int, busy: float, wait: float, count: int) -> None:
-        items = self.stats.producer_items
-        items[wi] = items.get(wi, 0) + count
         prev = self.busy_seen.get(wi)
         self.busy_seen[wi] = busy
         prev_wait = self.wait_seen.get(wi, wait)
