@@ -171,3 +171,16 @@ def test_stats_count_the_items_each_worker_ran():
     with rd.Jittery(devices=2) as r:
         r(range(300))
         assert sum(r.stats.producer_items.values()) == 300
+
+
+@pytest.mark.timeout(120)
+def test_an_initializer_that_takes_too_long_fails_the_pool_within_init_timeout():
+    from easycore.errors import InvalidArgument, RunnerTimeoutError
+
+    with pytest.raises(RunnerTimeoutError) as info:
+        Pool(2, initializer=pd.nap, initargs=(None, 300), init_timeout=2, start_method="fork")
+    assert isinstance(info.value, TimeoutError) and info.value.timeout == 2
+    with Pool(1, initializer=pd.nap, initargs=(None, 0.01), init_timeout=100) as pool:
+        assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
+    with pytest.raises(InvalidArgument):
+        Pool(1, init_timeout=0)

@@ -110,6 +110,11 @@ class Pool(StreamService):
         worker_exit (Callable, optional): called with no argument in each worker as it
             stops (after its last task; :func:`context` still works); what it returns is in
             :attr:`exit_results` once :meth:`join` returned.
+        init_timeout (float, optional): most seconds the workers may take to start and run
+            ``initializer`` (default 600); past it they are stopped and
+            :class:`~easycore.errors.RunnerTimeoutError` (a ``TimeoutError``) is raised,
+            by the constructor or by the call that restarts them. ``close_timeout`` bounds
+            ``worker_exit`` likewise (then the worker is terminated).
         window (int, optional): most items of one ``map``/``imap`` read ahead of what its
             caller consumed, and most items in flight; default 65536, so that cheap items
             travel in large batches and are read in long runs. Items in flight and results
@@ -135,6 +140,7 @@ class Pool(StreamService):
         seed: int | None = None,
         seed_per_item: bool = False,
         worker_exit: Callable[[], Any] | None = None,
+        init_timeout: float | None = None,
         window: int | None = None,
         queue_scale: float = 3.0,
         close_timeout: float = 10.0,
@@ -181,6 +187,7 @@ class Pool(StreamService):
             backend=backend,
             on_unsendable=weakref.WeakMethod(self._unsendable),
             item_seeds=seed_per_item,
+            init_timeout=init_timeout,
             worker_exit=None if worker_exit is None else portable(worker_exit, how),
         )
         self._window = self._runner._window

@@ -133,6 +133,9 @@ class BaseRunner(RunnerHooks):
             item's index, so that what ``producer_work`` draws for an item is the same with
             any number of producers and any scheduling (give ``seed`` to repeat a run).
             Costs about 4 to 7 µs per item (more with numpy and torch imported); off by default.
+        init_timeout (float, optional): most seconds the producers may take to start and
+            run ``producer_init`` (local producers; default 600); past it they are stopped
+            and :class:`~easycore.errors.RunnerTimeoutError` is raised.
         backend (str or object, optional): where the producers run. None (or ``"local"``):
             processes on this machine. ``"ray"``, or an ``easycore.ray.RayBackend(...)``:
             one Ray actor per device, anywhere on a Ray cluster (``pip install
@@ -162,6 +165,7 @@ class BaseRunner(RunnerHooks):
         close_timeout: float = 10.0,
         seed: int | None = None,
         seed_per_item: bool = False,
+        init_timeout: float | None = None,
         backend: Any = None,
     ) -> None:
         self._owner_pid = os.getpid()
@@ -204,6 +208,9 @@ class BaseRunner(RunnerHooks):
             raise InvalidArgument(f"seed must be an int or None, got {seed!r}")
         self._seed = _random_seed() if seed is None else int(seed)
         self._seed_per_item = bool(seed_per_item)
+        if init_timeout is not None and not init_timeout > 0:
+            raise InvalidArgument(f"init_timeout must be positive or None, got {init_timeout!r}")
+        self._init_timeout = init_timeout
         self._close_timeout = close_timeout
         self._workers: Transport | None = None
         self._finalizer: weakref.finalize[Any, Any] | None = None
@@ -301,6 +308,7 @@ class BaseRunner(RunnerHooks):
                     flavour=self._flavour,
                     setup=self._producer_setup(len(self._devices)),
                     seed_per_item=self._seed_per_item,
+                    init_timeout=self._init_timeout,
                 )
             )
             self._workers = workers
