@@ -184,3 +184,19 @@ def test_an_initializer_that_takes_too_long_fails_the_pool_within_init_timeout()
         assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
     with pytest.raises(InvalidArgument):
         Pool(1, init_timeout=0)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("method", METHODS)
+def test_task_timeout_stops_the_task_and_fails_only_its_call(method):
+    with Pool(2, task_timeout=1.0, start_method=method) as pool:
+        slow = pool.submit(pd.nap, 1, 300)
+        fast = pool.submit(pd.nap, 2, 0.01)
+        with pytest.raises(TimeoutError):
+            slow.result(timeout=100)
+        assert fast.result(timeout=100) == 2
+        with pytest.raises(TimeoutError):
+            pool.starmap(pd.nap, [(1, 0.0), (2, 300), (3, 0.0)], chunksize=1)
+        # The workers went on: nothing died, later calls work.
+        assert pool.map(pd.square, range(20)) == [x * x for x in range(20)]
+        assert pool.starmap(pd.nap, [(i, 0.001) for i in range(10)]) == list(range(10))

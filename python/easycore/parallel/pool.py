@@ -115,6 +115,12 @@ class Pool(StreamService):
             :class:`~easycore.errors.RunnerTimeoutError` (a ``TimeoutError``) is raised,
             by the constructor or by the call that restarts them. ``close_timeout`` bounds
             ``worker_exit`` likewise (then the worker is terminated).
+        task_timeout (float, optional): most seconds one task or one ``map`` item may run:
+            past it a ``TimeoutError`` is raised inside it (a timer of the worker process),
+            which stops it and fails that item's call or future only; the worker goes on.
+            Python code and interruptible waits stop; a C call that never returns to Python
+            does not. Local workers only (ignored under Ray). Costs a few microseconds per
+            item; off by default.
         window (int, optional): most items of one ``map``/``imap`` read ahead of what its
             caller consumed, and most items in flight; default 65536, so that cheap items
             travel in large batches and are read in long runs. Items in flight and results
@@ -141,6 +147,7 @@ class Pool(StreamService):
         seed_per_item: bool = False,
         worker_exit: Callable[[], Any] | None = None,
         init_timeout: float | None = None,
+        task_timeout: float | None = None,
         window: int | None = None,
         queue_scale: float = 3.0,
         close_timeout: float = 10.0,
@@ -160,6 +167,8 @@ class Pool(StreamService):
         # Unless fork is asked for, assume a spawned worker (by value costs nothing under fork).
         how = "ray" if remote else start_method or "spawn"
         init = None if initializer is None else portable(initializer, how)
+        if task_timeout is not None and not task_timeout > 0:
+            raise InvalidArgument(f"task_timeout must be positive or None, got {task_timeout!r}")
         self._cv = threading.Condition(threading.Lock())
         self._bodies = Bodies()  # large function bodies, stored once (see functions.py)
         # (future, task id, pickle)
@@ -188,6 +197,7 @@ class Pool(StreamService):
             on_unsendable=weakref.WeakMethod(self._unsendable),
             item_seeds=seed_per_item,
             init_timeout=init_timeout,
+            task_timeout=task_timeout,
             worker_exit=None if worker_exit is None else portable(worker_exit, how),
         )
         self._window = self._runner._window

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ _IN_WORKER = False
 _INIT: tuple[Any, tuple[Any, ...]] | None = None
 _ITEM_SEED: int | None = None  # in producers: the base seed of per-item streams, if asked
 _EXIT: Any = None  # in producers: the pool's worker_exit, if any
+_TASK_LIMIT: float | None = None  # in producers: the pool's task_timeout, if any
 
 
 def context() -> Any:
@@ -56,17 +59,23 @@ class _Setup:
         codec: Any,
         item_seed: int | None = None,
         worker_exit: Any = None,
+        task_timeout: float | None = None,
     ) -> None:
         self.codec = codec
         self.worker_exit = worker_exit
+        self.task_timeout = task_timeout
         self.base = base
         self.initializer = initializer
         self.initargs = initargs
         self.item_seed = item_seed
 
     def __call__(self, device: str) -> None:
-        global _IN_WORKER, _INIT, _ITEM_SEED, _EXIT
+        global _IN_WORKER, _INIT, _ITEM_SEED, _EXIT, _TASK_LIMIT
         _ITEM_SEED = self.item_seed
+        _TASK_LIMIT = None
+        if self.task_timeout is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGALRM, _on_alarm)  # a worker process of its own: ours
+            _TASK_LIMIT = self.task_timeout
         _EXIT = self.worker_exit
         if isinstance(_EXIT, _ByValue):  # not pickled on the way (fork)
             _EXIT = _load_by_value(_EXIT.key, _EXIT.blob)
@@ -108,7 +117,10 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
             f, args, kwargs = pickle.loads(arg)
             if seed is not None:
                 seed_for_item(seed, index, 0)  # a task's id is never a job's
-            value = f(*args, **kwargs)
+            if _TASK_LIMIT is not None:
+                value = _limited(_TASK_LIMIT, f, *args, **kwargs)
+            else:
+                value = f(*args, **kwargs)
             try:
                 # The result must travel: find out here, for this future only (buffers are
                 # not copied by this check; a bad result would otherwise end the stream).
@@ -120,8 +132,8 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
         # list.extend appends each result as it comes: if fn raises, out holds the results
         # before the failing item (reported as "partial", and its index is index + len(out)).
         # No Python frame per item: about 25 ns an item less than a loop with append.
-        if seed is not None:
-            _run_seeded(fn, arg, mode, seed, job, index, out)
+        if seed is not None or _TASK_LIMIT is not None:
+            _run_each(fn, arg, mode, job, index, out)
         else:
             out.extend(map(fn, arg) if mode == _ONE else itertools.starmap(fn, arg))
         return job, index, True, (out, time.perf_counter() - t0)
@@ -135,14 +147,34 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
         return job, index, False, report
 
 
-def _run_seeded(
-    fn: Any, arg: list[Any], mode: int, seed: int, job: int, index: int, out: list[Any]
-) -> None:
-    """A chunk with ``seed_per_item``: each item's random stream is seeded from the seed, its
-    call (the job) and its index, then the function runs; results are appended to ``out``."""
+def _run_each(fn: Any, arg: list[Any], mode: int, job: int, index: int, out: list[Any]) -> None:
+    """A chunk run item by item (``seed_per_item``, ``task_timeout``): each item's random
+    stream is seeded from the seed, its call (the job) and its index, and each item may run
+    for at most the task timeout; results are appended to ``out``."""
+    seed, limit = _ITEM_SEED, _TASK_LIMIT
     for k, x in enumerate(arg):
-        seed_for_item(seed, job, index + k)
-        out.append(fn(x) if mode == _ONE else fn(*x))
+        if seed is not None:
+            seed_for_item(seed, job, index + k)
+        args = (x,) if mode == _ONE else x
+        out.append(fn(*args) if limit is None else _limited(limit, fn, *args))
+
+
+class _TaskTimeout(TimeoutError):
+    """Raised inside a task that ran longer than the pool's ``task_timeout``."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _TaskTimeout("the task ran longer than the pool's task_timeout and was stopped")
+
+
+def _limited(limit: float, f: Any, *args: Any, **kwargs: Any) -> Any:
+    """``f(*args, **kwargs)``, stopped by a ``TimeoutError`` raised inside it after ``limit``
+    seconds (a SIGALRM timer of this worker process)."""
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        return f(*args, **kwargs)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_WorkResult | None]:
@@ -223,23 +255,28 @@ class _TaskHooks(_RunnerBase):
         on_unsendable: Callable[[], Callable[[_WorkItem, Exception], None] | None] | None = None,
         item_seeds: bool = False,
         worker_exit: Any = None,
+        task_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
         """``setup``: ``(initializer, initargs)``; ``on_unsendable``: a weak reference (called
         with no argument) to what fails the call of an input item that cannot be pickled
         (the pool's), or None: such an item fails the whole stream; ``item_seeds``: seed each
         item's random stream (the pool's ``seed_per_item``); ``worker_exit``: run in each
-        worker as it stops (its value is in ``exit_results``)."""
+        worker as it stops (its value is in ``exit_results``); ``task_timeout``: the most
+        seconds a task or map item may run."""
         self._pool_init = setup
         self._item_seeds = item_seeds
         self._worker_exit = worker_exit
+        self._task_timeout = task_timeout
         self._on_unsendable = on_unsendable
         super().__init__(devices, **kwargs)
 
     def _producer_setup(self, n_producers: int) -> _Setup:
         base = super()._producer_setup(n_producers)
         seed = self.seed if self._item_seeds else None
-        return _Setup(base, *self._pool_init, self._codec(), seed, self._worker_exit)
+        return _Setup(
+            base, *self._pool_init, self._codec(), seed, self._worker_exit, self._task_timeout
+        )
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
