@@ -200,3 +200,24 @@ def test_task_timeout_stops_the_task_and_fails_only_its_call(method):
         # The workers went on: nothing died, later calls work.
         assert pool.map(pd.square, range(20)) == [x * x for x in range(20)]
         assert pool.starmap(pd.nap, [(i, 0.001) for i in range(10)]) == list(range(10))
+
+
+def test_a_body_whose_arena_is_gone_gives_a_function_that_raises():
+    # A work item of a call that ended can reach a worker that never saw its body: the
+    # arena is gone, and the function it gets raises (that call's results are dropped).
+    from easycore.parallel import functions
+
+    fn = functions._load_shared(b"k" * 16, "ec.no-such-arena", 4096)
+    with pytest.raises(RuntimeError, match="has ended"):
+        fn(1)
+    # A body that is present loads, and is then found by its digest alone.
+    bodies = functions.Bodies()
+    data = bytes(100_000)
+    by_value = functions.portable(lambda: len(data), "spawn", bodies)
+    assert by_value.shared is not None
+    name, size = by_value.shared.name, by_value.shared.nbytes
+    functions._BY_VALUE_CACHE.pop(by_value.key, None)
+    assert functions._load_shared(by_value.key, name, size)() == 100_000
+    assert functions._load_shared(by_value.key, "ec.no-such-arena", size)() == 100_000
+    del by_value
+    bodies.clear()
