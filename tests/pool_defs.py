@@ -131,3 +131,46 @@ def count_and_sleep(x):
         counter.value += 1
     time.sleep(0.005)
     return x
+
+
+def call_it(f, *args):
+    """Calls ``f`` (an argument that may be a lambda) with ``args``."""
+    return f(*args)
+
+
+def augment(i):
+    """Draws from the global random and numpy generators, as a Dataset's augmentation does."""
+    import random
+
+    import numpy as np
+
+    if i % 5 == 0:
+        time.sleep(0.002)  # uneven work: scheduling differs from run to run
+    return (i, random.random(), float(np.random.rand()), int(np.random.randint(0, 1 << 30)))
+
+
+def fill_(t, value):
+    """Fills the tensor ``t`` in place; returns its sum."""
+    t.fill_(value)
+    return float(t.sum())
+
+
+def same(x):
+    return x
+
+
+def count_init():
+    return {"tasks": 0, "pid": os.getpid()}
+
+
+def counted(x):
+    from easycore.parallel import context
+
+    context()["tasks"] += 1
+    return x
+
+
+def count_exit():
+    from easycore.parallel import context
+
+    return dict(context())

@@ -279,3 +279,37 @@ class MarkThenWait(CollectUnordered):
         import pool_defs  # the same helper as the pool's test (tests/ is on the path)
 
         return pool_defs.mark_then_wait(data)
+
+
+class Augment(Collect):
+    """A Dataset-style augmentation: each item draws from the global random and numpy
+    generators (and a busy producer draws for whatever it ran before)."""
+
+    @staticmethod
+    def producer_work(device, cfg, data):
+        import random
+
+        import numpy as np
+
+        if data % 5 == 0:
+            time.sleep(0.002)  # uneven work: scheduling differs from run to run
+        return (data, random.random(), float(np.random.rand()), np.random.randint(0, 1 << 30))
+
+
+class EndValue(Collect):
+    """producer_end returns what its producer did."""
+
+    @staticmethod
+    def producer_init(device, cfg):
+        cfg.seen = 0
+
+    @staticmethod
+    def producer_work(device, cfg, data):
+        cfg.seen += 1
+        return data
+
+    @staticmethod
+    def producer_end(device, cfg):
+        from easycore.common.parallel import worker_info
+
+        return (worker_info().index, device, cfg.seen)

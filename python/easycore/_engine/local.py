@@ -23,7 +23,13 @@ from easycore._engine.lifecycle import TICK
 from easycore._engine.process_main import producer_main
 from easycore._engine.reports import worker_error
 from easycore._engine.transport import LocalWorkers
-from easycore.errors import EasycoreError, QueueEmpty, StartMethodError, WorkerDiedError
+from easycore.errors import (
+    EasycoreError,
+    QueueEmpty,
+    RunnerTimeoutError,
+    StartMethodError,
+    WorkerDiedError,
+)
 
 _START_TIMEOUT = 600.0  # a producer_init taking longer than this is reported as stuck
 _RING_IN = 4 << 20  # ring bytes of the input queue (larger items use side segments)
@@ -66,6 +72,10 @@ class LocalStart:
         queue_scale: scales the queues' byte budgets with the number of producers.
         flavour: the codec and the start context.
         setup: ``setup(device)`` run first in each producer, or None.
+        seed_per_item: each item's random stream is seeded from the seed, the call and its
+            index (see ``producer.seed_for_item``).
+        init_timeout: most seconds the producers may take to start and run
+            ``producer_init`` (None: 600).
     """
 
     hooks: Any
@@ -78,6 +88,8 @@ class LocalStart:
     queue_scale: float
     flavour: Flavour
     setup: Callable[[str], Any] | None
+    seed_per_item: bool = False
+    init_timeout: float | None = None
 
     def spawn_hint(self) -> str:
         """What the start method is, and why, for errors."""
@@ -169,7 +181,13 @@ def start_local(start: LocalStart) -> LocalWorkers:
     workers = LocalWorkers(procs, list(start.devices), in_q, out_q, state, out_bytes)
     try:
         for i, dev in enumerate(start.devices):
-            opts = {"n": n, "seed": start.seed, "start_method": start.start_method, "state": state}
+            opts = {
+                "n": n,
+                "seed": start.seed,
+                "seed_per_item": start.seed_per_item,
+                "start_method": start.start_method,
+                "state": state,
+            }
             p = ctx.Process(
                 target=producer_main,
                 args=(start.hooks, i, dev, start.cfg, in_q, out_q, os.getpid(), start.setup, opts),
@@ -197,7 +215,8 @@ def start_local(start: LocalStart) -> LocalWorkers:
 def _await_ready(start: LocalStart, workers: LocalWorkers) -> None:
     codec = start.flavour.codec()
     ready = 0
-    deadline = time.monotonic() + _START_TIMEOUT
+    limit = start.init_timeout if start.init_timeout is not None else _START_TIMEOUT
+    deadline = time.monotonic() + limit
     while ready < len(workers.procs):
         try:
             msgs = workers.receive(64, timeout=TICK)
@@ -206,8 +225,11 @@ def _await_ready(start: LocalStart, workers: LocalWorkers) -> None:
             if died is not None:
                 raise _start_death(start, died) from None
             if time.monotonic() > deadline:
-                raise EasycoreError(
-                    f"producers did not finish producer_init within {_START_TIMEOUT:.0f} s"
+                n = len(workers.procs)
+                raise RunnerTimeoutError(
+                    f"{n - ready} of {n} producers did not finish starting (producer_init) "
+                    f"within {limit:g} s; they were stopped",
+                    timeout=limit,
                 ) from None
             continue
         for _seq, kind, parts in msgs:

@@ -118,7 +118,7 @@ def producer_main(
         parent_pid: the caller's pid; the producer exits when it is gone.
         setup: optional callable ``setup(device)`` run first (torch flavour: CUDA device,
             thread counts).
-        options: ``n`` (number of producers), ``seed`` (this producer's seed),
+        options: ``n`` (number of producers), ``seed`` (the base seed), ``seed_per_item``,
             ``start_method`` and ``state``
             (the shared state array: what each producer works on, and ``abort_below``).
     """
@@ -136,7 +136,15 @@ def producer_main(
         return
     n = int(opts.get("n", 1))
     core = ProducerCore(
-        runner_cls, index, n, device, cfg, int(opts.get("seed", 0)), setup, opts.get("state")
+        runner_cls,
+        index,
+        n,
+        device,
+        cfg,
+        int(opts.get("seed", 0)),
+        setup,
+        opts.get("state"),
+        seed_per_item=bool(opts.get("seed_per_item", False)),
     )
     core.begin(os.getpid())
     if opts.get("start_method") == "fork":
@@ -193,8 +201,7 @@ def producer_main(
             continue  # the caller gave up on this call: drop the batch, wait for the next
 
     ignore_signal(INTERRUPT_SIGNAL)  # an interrupt for work already done may arrive now
-    end_error = core.end()
-    _send(out_q, codec, index, wire.BYE, end_error, alive)
+    _send(out_q, codec, index, wire.BYE, core.goodbye(), alive)
     if opts.get("start_method") == "fork":
         # A forked multiprocessing child leaves by os._exit, which skips the C atexit hook
         # that removes this process's liveness token (/dev/shm/ec.<pid>-<nonce>.live): every

@@ -88,7 +88,7 @@ class ProducerHooks(Protocol):
     @staticmethod
     def producer_work(device: str, cfg: Any, data: Any) -> Any: ...
     @staticmethod
-    def producer_end(device: str, cfg: Any) -> None: ...
+    def producer_end(device: str, cfg: Any) -> Any: ...
     @classmethod
     def _codec(cls) -> wire.Codec: ...
     @staticmethod
@@ -116,6 +116,60 @@ def seed_all(seed: int, done: set[str]) -> None:
         except Exception:  # noqa: BLE001
             pass
         done.add("torch")
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def _mix64(z: int) -> int:
+    """splitmix64's finaliser: a well-spread 64-bit value of ``z``."""
+    z = (z + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def item_seed(seed: int, call: int, index: int) -> int:
+    """The seed of one item's random stream (``seed_per_item``): a 64-bit value of the base
+    seed, the call's number and the item's index in its call, the same in every process."""
+    return _mix64(_mix64(_mix64(seed & _MASK64) ^ call) ^ (index & _MASK64))
+
+
+def seed_for_item(seed: int, call: int, index: int) -> None:
+    """Seeds ``random`` and, where they are imported, numpy's global generator and torch's
+    CPU generator with :func:`item_seed` (``seed_per_item``: whichever process runs the
+    item, whatever ran there before, the item draws the same numbers)."""
+    s = item_seed(seed, call, index)
+    _ITEM_SEED[0] = s  # an item that imports numpy or torch first: see SeedOnImport
+    random.seed(s)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(s & 0xFFFFFFFF)
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        gen = getattr(torch, "default_generator", None)
+        if gen is not None:
+            # The CPU generator only: torch.manual_seed also seeds every accelerator's,
+            # at about 75 µs a call.
+            gen.manual_seed(s)
+
+
+# The seed of the item running now (seed_per_item), for numpy or torch imported by the item.
+_ITEM_SEED: list[int | None] = [None]
+
+
+def _seed_module(name: str, module: Any) -> None:
+    """Seeds numpy or torch, just imported by an item, with that item's seed."""
+    s = _ITEM_SEED[0]
+    if s is None:
+        return
+    try:
+        if name == "numpy":
+            module.random.seed(s & 0xFFFFFFFF)
+        elif hasattr(module, "default_generator"):
+            module.default_generator.manual_seed(s)
+    except Exception:  # noqa: BLE001, S110 - a broken module must not stop the producer
+        pass
 
 
 class SeedOnImport:
@@ -147,6 +201,7 @@ class SeedOnImport:
             real_exec(module)
             sys.modules[name] = module
             seed_all(seed, done)
+            _seed_module(name, module)  # imported by an item with its own stream
 
         loader.exec_module = exec_module  # type: ignore[method-assign]  # this loader only
         return spec
@@ -165,6 +220,9 @@ class ProducerCore:
         setup: ``setup(device)``, the flavour's device set-up (and the pool's initializer
             keeper), run before ``producer_init``; or None.
         state: the shared state array of local producers (what each works on), or None.
+        seed_per_item: seed ``random``, numpy and torch before each item from the base seed,
+            the call and the item's index (:func:`seed_for_item`), so that what an item
+            draws does not depend on which producer runs it.
     """
 
     def __init__(
@@ -177,6 +235,7 @@ class ProducerCore:
         seed: int,
         setup: Callable[[str], Any] | None = None,
         state: Any = None,
+        seed_per_item: bool = False,
     ) -> None:
         self.hooks = hooks
         self.index = index
@@ -184,6 +243,8 @@ class ProducerCore:
         self.device = device
         self.cfg = cfg
         self.seed = seed + index
+        self.base_seed = seed
+        self.seed_per_item = seed_per_item
         self.setup = setup
         self.codec: wire.Codec = hooks._codec()
         self.work = hooks.producer_work
@@ -193,6 +254,7 @@ class ProducerCore:
         self.abort_word = STATE_FIELDS * n_producers
         self.busy = 0.0  # seconds in producer_work (and unpickling), reported with results
         self.working_call = 0  # the call of the batch being run (0: none)
+        self.exit_value: Any = None  # what producer_end returned
 
     # ----- start and end -----
 
@@ -217,15 +279,31 @@ class ProducerCore:
         return None
 
     def end(self) -> dict[str, Any] | None:
-        """Runs ``producer_end``, then stops the pools and runners the hooks made here and
-        left open: None, or the error report if ``producer_end`` raised."""
+        """Runs ``producer_end`` (its return value is kept in :attr:`exit_value`), then stops
+        the pools and runners the hooks made here and left open: None, or the error report
+        if ``producer_end`` raised."""
         report = None
         try:
-            self.hooks.producer_end(self.device, self.cfg)
+            self.exit_value = self.hooks.producer_end(self.device, self.cfg)
         except BaseException as e:  # noqa: BLE001
             report = error_report("producer_end", self.device, None, e, "hook")
         lifecycle.stop_all()
         return report
+
+    def goodbye(self) -> tuple[dict[str, Any] | None, Any]:
+        """Runs :meth:`end`; returns what the caller is told: ``(error report or None,
+        producer_end's return value)``, the value replaced by an error report if it cannot be
+        pickled (it is the caller's ``exit_results``)."""
+        report = self.end()
+        value = self.exit_value
+        if value is not None:
+            try:
+                self.codec.dumps(value)
+            except Exception as e:  # noqa: BLE001 - reported to the caller
+                if report is None:
+                    report = not_picklable_report("producer_end", self.device, None, e, value)
+                value = None
+        return report, value
 
     def interrupted(self) -> bool:
         """Whether the caller gave up on the call being run (local producers)."""
@@ -279,7 +357,15 @@ class ProducerCore:
         append = results.append
         failed = None
         try:
-            if state is None:
+            if self.seed_per_item:
+                base = self.base_seed
+                for k, item in enumerate(items):
+                    if state is not None:
+                        state[me + COUNT] = 1
+                        state[me + ITEM] = first + k
+                    seed_for_item(base, call, first + k)
+                    append(work(device, cfg, item))
+            elif state is None:
                 for item in items:
                     append(work(device, cfg, item))
             elif len(items) > _TRACK_ITEMS:

@@ -20,6 +20,9 @@ class RunnerStats:
             ``producer_work`` during the call.
         producer_wait_s: per producer, seconds blocked on the queues during the call
             (waiting for input or for room for results).
+        producer_items: per producer, items it ran during the call (in a pool, a task and
+            a chunk of a range, list or tuple count one each; an iterator's items count one
+            each).
         dispatch_wait_s: seconds the sender waited for room in the input queue.
         consumer_wait_s: seconds the receiving thread waited for results.
         consumer_busy_s: seconds spent in ``consumer_work`` (0 for ``imap``).
@@ -37,6 +40,7 @@ class RunnerStats:
     wall_s: float = 0.0
     producer_busy_s: dict[int, float] = field(default_factory=dict)
     producer_wait_s: dict[int, float] = field(default_factory=dict)
+    producer_items: dict[int, int] = field(default_factory=dict)
     dispatch_wait_s: float = 0.0
     consumer_wait_s: float = 0.0
     consumer_busy_s: float = 0.0

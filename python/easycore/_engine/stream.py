@@ -120,6 +120,19 @@ def _ema(prev: float, x: float, weight: float = 0.3) -> float:
     return x if prev <= 0 else (1.0 - weight) * prev + weight * x
 
 
+def progress_bar(progress: Any, total: int | None, desc: str) -> Any:
+    """A tqdm bar for ``progress=``: True, or a dict of ``tqdm.tqdm`` keyword arguments
+    (``desc``, ``total``, ``leave``, ``position``, ``unit``…) that override the defaults
+    (``total``: the input's length when known; ``desc``: the runner's or pool's class)."""
+    import tqdm
+
+    tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
+    options: dict[str, Any] = {"total": total, "unit": "item", "desc": desc}
+    if isinstance(progress, dict):
+        options.update(progress)
+    return tqdm.tqdm(**options)
+
+
 class Call(InputSide):
     """The state of one call: reading, sending, receiving, ordering, accounting, clean-up."""
 
@@ -129,7 +142,7 @@ class Call(InputSide):
         self,
         runner: RunnerLike,
         data_iter: Iterable[Any],
-        progress: bool,
+        progress: bool | dict[str, Any],
         timeout: float | None,
         is_imap: bool,
         read_ahead: bool | None = None,
@@ -246,6 +259,7 @@ class Call(InputSide):
         self.stats = RunnerStats(
             producer_busy_s={i: 0.0 for i in range(self.n)},
             producer_wait_s={i: 0.0 for i in range(self.n)},
+            producer_items={i: 0 for i in range(self.n)},
         )
         self.progress = progress
         self.bar: Any = None  # a tqdm bar (progress=True)
@@ -276,10 +290,7 @@ class Call(InputSide):
                 self._fail(e)  # closes the runner: activate() restarts it
                 raise
         if self.progress:
-            import tqdm
-
-            tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
-            self.bar = tqdm.tqdm(total=self.total, unit="item", desc=type(self.runner).__name__)
+            self.bar = progress_bar(self.progress, self.total, type(self.runner).__name__)
         if self.it is not None and self.read_ahead:
             self.reader = threading.Thread(
                 target=self._read_runs, name="easycore-input", daemon=True
@@ -393,6 +404,8 @@ class Call(InputSide):
             r = self.runner
             r._out_bytes_per_item = _ema(r._out_bytes_per_item, nb / max(1, count))
             self._learn(wi, busy, wait, count)
+            done = self.stats.producer_items
+            done[wi] = done.get(wi, 0) + count
             if self.reorder is None:
                 out.append((first, results, count))
             else:
@@ -597,6 +610,7 @@ class Call(InputSide):
             self.stats,
             producer_busy_s=dict(self.stats.producer_busy_s),
             producer_wait_s=dict(self.stats.producer_wait_s),
+            producer_items=dict(self.stats.producer_items),
         )
         self._fill_stats(s)
         return s

@@ -53,6 +53,7 @@ class Transport:
     view: Any
     out_budget: int  # bytes of results the way back holds: a stream keeps twice that in flight
     end_errors: list[dict[str, Any]]  # producer_end's error reports, after shutdown
+    exit_results: dict[int, Any]  # producer_end's return values by producer, after shutdown
 
     def send(self, seq: int, kind: int, parts: list[Any]) -> None:
         """Sends one batch without blocking; ``QueueFull`` if the producers have enough."""
@@ -147,6 +148,7 @@ class LocalWorkers(Transport):
         self.view = memoryview(state).cast("B").cast("q")
         self.closed = False
         self.end_errors: list[dict[str, Any]] = []
+        self.exit_results: dict[int, Any] = {}
         self.owner_pid = os.getpid()
         self.out_budget = out_budget
         self.receive = out_q.get_many  # type: ignore[method-assign]  # no frame
@@ -269,12 +271,13 @@ class LocalWorkers(Transport):
                 continue
             except QueueClosed:
                 break
-            for _seq, kind, parts in msgs:
+            for seq, kind, parts in msgs:
                 if wire.unpack_kind(kind)[0] == wire.BYE:
                     byes += 1
-                    err = codec.loads(parts)
+                    err, value = codec.loads(parts)
                     if err is not None:
                         self.end_errors.append(err)
+                    self.exit_results[seq] = value
         self._release()
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))

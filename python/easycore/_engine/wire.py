@@ -23,7 +23,7 @@ STOP = 2  #: run producer_end and exit
 RESULT = 3  #: payload: (first_item_index, [results], worker_index, busy_s, wait_s)
 ERROR = 4  #: payload: dict(hook=, device=, item=, message=, traceback=, kind=)
 READY = 5  #: no payload: producer_init returned
-BYE = 6  #: payload: the error dict of producer_end, or None
+BYE = 6  #: payload: (the error dict of producer_end or None, its return value)
 # 7: retired (an end-of-call marker); never reuse the number
 WAKE = 8  #: the caller's input reader -> its own receiving thread: new input is waiting
 

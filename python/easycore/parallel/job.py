@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Sequence, Sized
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any, cast
 
@@ -49,6 +49,14 @@ def task_error(report: dict[str, Any], cause: type = RemoteTraceback) -> BaseExc
     return exc
 
 
+def _length(iterable: Iterable[Any]) -> int | None:
+    """The number of items of an input that says it (``len``), else None."""
+    try:
+        return len(iterable) if isinstance(iterable, Sized) else None
+    except Exception:  # noqa: BLE001 - a broken __len__: no total
+        return None
+
+
 class _Job:
     """One ``map``/``imap`` call: its input, the results its caller has not taken yet."""
 
@@ -69,6 +77,7 @@ class _Job:
         # (in chunks only if asked: filling a chunk would hold back items while next() waits).
         self.seq = cast("Sequence[Any]", iterable) if type(iterable) in _SEQUENCES else None
         self.it = None if self.seq is not None else iter(iterable)
+        self.total = len(self.seq) if self.seq is not None else _length(iterable)
         self.chunksize = chunksize
         self.mode = mode
         self.ordered = ordered

@@ -82,7 +82,8 @@ class Queue:
 
     def _make_codec(self) -> wire.Codec:
         if self._torch:
-            return plugins.load("codec:torch")  # type: ignore[no-any-return]
+            codec: wire.Codec = plugins.load("codec:torch")()
+            return codec
         return wire.Codec()
 
     def __getstate__(self) -> dict[str, Any]:

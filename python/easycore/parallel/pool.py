@@ -38,14 +38,14 @@ How work travels::
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import os
-import pickle
 import threading
 import time
 import warnings
 import weakref
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any, ParamSpec, TypeVar, cast
@@ -53,6 +53,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from easycore._engine import lifecycle
 from easycore._engine.lifecycle import TICK, Stage
 from easycore._engine.stats import RunnerStats
+from easycore._engine.stream import progress_bar
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -61,7 +62,7 @@ from easycore.errors import (
     SerializationError,
 )
 from easycore.parallel.feed import _ONE, _STAR, Feed
-from easycore.parallel.functions import portable
+from easycore.parallel.functions import Bodies, pickle_args, portable
 from easycore.parallel.job import _Job
 from easycore.parallel.results import AsyncResult, _async_result
 from easycore.parallel.service import _WINDOW, StreamService, _service_main
@@ -103,6 +104,10 @@ def _abandon(job: _Job, pool: weakref.ref[Pool]) -> None:
         feed.cut()
 
 
+def _keep(obj: Any, fut: Future[Any]) -> None:
+    """A done-callback that does nothing: it keeps ``obj`` referenced until ``fut`` is done."""
+
+
 class Pool(StreamService):
     """A pool of worker processes with the API of ``multiprocessing.Pool`` and
     ``concurrent.futures``, on easycore's runner engine.
@@ -129,6 +134,25 @@ class Pool(StreamService):
             as the runners choose (fork on Linux for CPU workers made while one thread runs).
         seed (int, optional): worker ``i`` seeds ``random``, numpy and torch with
             ``seed + i``; default a random base.
+        seed_per_item (bool): also seed ``random``, numpy's global generator and torch's CPU
+            generator (where imported) before *each item* (and each task), from ``seed``, the call
+            and the item's index: what an item draws is then the same with any number of
+            workers and any scheduling, run after run (give ``seed``). Costs about 4 to
+            7 µs per item (more with numpy and torch imported); off by default.
+        worker_exit (Callable, optional): called with no argument in each worker as it
+            stops (after its last task; :func:`context` still works); what it returns is in
+            :attr:`exit_results` once :meth:`join` returned.
+        init_timeout (float, optional): most seconds the workers may take to start and run
+            ``initializer`` (default 600); past it they are stopped and
+            :class:`~easycore.errors.RunnerTimeoutError` (a ``TimeoutError``) is raised,
+            by the constructor or by the call that restarts them. ``close_timeout`` bounds
+            ``worker_exit`` likewise (then the worker is terminated).
+        task_timeout (float, optional): most seconds one task or one ``map`` item may run:
+            past it a ``TimeoutError`` is raised inside it (a timer of the worker process),
+            which stops it and fails that item's call or future only; the worker goes on.
+            Python code and interruptible waits stop; a C call that never returns to Python
+            does not. Local workers only (ignored under Ray). Costs a few microseconds per
+            item; off by default.
         window (int, optional): most items of one ``map``/``imap`` read ahead of what its
             caller consumed, and most items in flight; default 65536, so that cheap items
             travel in large batches and are read in long runs. Items in flight and results
@@ -160,6 +184,10 @@ class Pool(StreamService):
         *,
         start_method: str | None = None,
         seed: int | None = None,
+        seed_per_item: bool = False,
+        worker_exit: Callable[[], Any] | None = None,
+        init_timeout: float | None = None,
+        task_timeout: float | None = None,
         window: int | None = None,
         queue_scale: float = 3.0,
         close_timeout: float = 10.0,
@@ -186,7 +214,10 @@ class Pool(StreamService):
         # Unless fork is asked for, assume a spawned worker (by value costs nothing under fork).
         how = "ray" if remote else start_method or "spawn"
         init = None if initializer is None else portable(initializer, how)
+        if task_timeout is not None and not task_timeout > 0:
+            raise InvalidArgument(f"task_timeout must be positive or None, got {task_timeout!r}")
         self._cv = threading.Condition(threading.Lock())
+        self._bodies = Bodies()  # large function bodies, stored once (see functions.py)
         # (future, task id, pickle)
         self._tasks: collections.deque[tuple[Future[Any], int, bytes]] = collections.deque()
         self._running: dict[int, Future[Any]] = {}  # sent tasks by id
@@ -213,6 +244,10 @@ class Pool(StreamService):
             seed=seed,
             backend=backend,
             on_unsendable=weakref.WeakMethod(self._unsendable),
+            item_seeds=seed_per_item,
+            init_timeout=init_timeout,
+            task_timeout=task_timeout,
+            worker_exit=None if worker_exit is None else portable(worker_exit, how),
         )
         self._window = self._runner._window
         self._recycle = False
@@ -251,6 +286,13 @@ class Pool(StreamService):
     def start_method(self) -> str:
         """str: how worker processes are started."""
         return self._runner.start_method
+
+    @property
+    def exit_results(self) -> list[Any]:
+        """What ``worker_exit`` returned in each worker (by worker index) when the workers
+        last stopped: after :meth:`join` (or leaving a ``with`` block); None for a worker
+        that died or, without ``worker_exit``, for every worker."""
+        return list(self._runner.exit_results)
 
     @property
     def seed(self) -> int:
@@ -306,7 +348,7 @@ class Pool(StreamService):
         self._check_open()
         if chunksize is not None and not (isinstance(chunksize, int) and chunksize >= 1):
             raise InvalidArgument(f"chunksize must be a positive int or None, got {chunksize!r}")
-        f = portable(fn, self._runner.start_method)
+        f = portable(fn, self._runner.start_method, self._bodies)
         with self._cv:
             self._check_open()
             window = self._window
@@ -326,7 +368,9 @@ class Pool(StreamService):
             self._cut_feed()  # stop reading its input
             self._cv.notify_all()
 
-    def _results(self, job: _Job, timeout: float | None, progress: bool = False) -> Iterator[Any]:
+    def _results(
+        self, job: _Job, timeout: float | None, progress: bool | dict[str, Any] = False
+    ) -> Iterator[Any]:
         """The results of ``job``, one at a time: a C-level chain over the lists that
         :meth:`_result_chunks` hands out (no Python frame per result)."""
         chunks = self._result_chunks(job, timeout, progress)
@@ -336,17 +380,13 @@ class Pool(StreamService):
         return itertools.chain.from_iterable(chunks)
 
     def _result_chunks(
-        self, job: _Job, timeout: float | None, progress: bool
+        self, job: _Job, timeout: float | None, progress: bool | dict[str, Any]
     ) -> Iterator[list[Any]]:
         self._check_not_service()
         deadline = None if timeout is None else time.monotonic() + timeout
         bar = None
         if progress:
-            import tqdm
-
-            tqdm.tqdm.monitor_interval = 0  # no monitor thread (it would make fork unsafe)
-            total = len(job.seq) if isinstance(job.seq, Sized) else None
-            bar = tqdm.tqdm(total=total, unit="item", desc=type(self).__name__)
+            bar = progress_bar(progress, job.total, type(self).__name__)
         try:
             while True:
                 with job.cv:
@@ -411,7 +451,7 @@ class Pool(StreamService):
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
     ) -> Iterator[_T]:
         """Lazily yields ``func(x)`` for each ``x`` of ``iterable``, in input order.
 
@@ -429,7 +469,10 @@ class Pool(StreamService):
                 ``TimeoutError`` (the pool stays usable). This is the meaning of
                 ``concurrent.futures`` and ``multiprocessing.Pool``: a deadline for the
                 call. (A runner's ``timeout=`` is the manual's: seconds without a result.)
-            progress (bool): show a tqdm progress bar of the results handed out.
+            progress (bool or dict): show a tqdm progress bar of the results handed out;
+                a dict gives ``tqdm.tqdm``'s keyword arguments (``desc``, ``leave``,
+                ``position``…, and ``total`` for an input whose length is not known). The
+                total is the input's length when it has one (a sequence, a set, a dict…).
 
         Returns:
             Iterator: the results, in input order.
@@ -445,7 +488,7 @@ class Pool(StreamService):
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
     ) -> Iterator[_T]:
         """As :meth:`imap`, but yields results as they arrive.
 
@@ -454,7 +497,7 @@ class Pool(StreamService):
             iterable (Iterable): the arguments.
             chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
-            progress (bool): as for :meth:`imap`.
+            progress (bool or dict): as for :meth:`imap`.
 
         Returns:
             Iterator: the results, in completion order.
@@ -471,7 +514,7 @@ class Pool(StreamService):
         *,
         ordered: bool = True,
         timeout: float | None = None,
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
     ) -> Iterator[_T]:
         """Lazily yields ``func(*args)`` for each ``args`` of ``iterable``.
 
@@ -481,7 +524,7 @@ class Pool(StreamService):
             chunksize (int, optional): as for :meth:`imap`.
             ordered (bool): in input order (default) or as results arrive.
             timeout (float, optional): as for :meth:`imap`.
-            progress (bool): as for :meth:`imap`.
+            progress (bool or dict): as for :meth:`imap`.
 
         Returns:
             Iterator: the results.
@@ -497,7 +540,7 @@ class Pool(StreamService):
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
     ) -> list[_T]:
         """``[func(x) for x in iterable]``, computed by the workers.
 
@@ -506,7 +549,7 @@ class Pool(StreamService):
             iterable (Iterable): the arguments (read lazily, as for :meth:`imap`).
             chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
-            progress (bool): as for :meth:`imap`.
+            progress (bool or dict): as for :meth:`imap`.
 
         Returns:
             list: the results, in input order.
@@ -520,7 +563,7 @@ class Pool(StreamService):
         chunksize: int | None = None,
         *,
         timeout: float | None = None,
-        progress: bool = False,
+        progress: bool | dict[str, Any] = False,
     ) -> list[_T]:
         """``[func(*args) for args in iterable]``, computed by the workers.
 
@@ -529,7 +572,7 @@ class Pool(StreamService):
             iterable (Iterable[Iterable]): argument tuples.
             chunksize (int, optional): as for :meth:`imap`.
             timeout (float, optional): as for :meth:`imap`.
-            progress (bool): as for :meth:`imap`.
+            progress (bool or dict): as for :meth:`imap`.
 
         Returns:
             list: the results, in input order.
@@ -557,15 +600,18 @@ class Pool(StreamService):
             SerializationError: if the arguments cannot be pickled.
         """
         self._check_open()
-        f = portable(fn, self._runner.start_method)
+        f = portable(fn, self._runner.start_method, self._bodies)
         try:
-            blob = pickle.dumps((f, args, kwargs), protocol=5)
+            blob = pickle_args((f, args, kwargs))
         except Exception as e:
             raise SerializationError(
                 f"the arguments of {getattr(fn, '__qualname__', fn)!r} cannot be sent to the "
                 f"workers: {type(e).__name__}: {e}"
             ) from e
         fut: Future[_T] = Future()
+        # A function whose body lies in a shared arena (see functions.py) keeps it there
+        # until its task is done.
+        fut.add_done_callback(functools.partial(_keep, f))
         with self._cv:
             self._check_open()
             self._tasks.append((fut, next(self._ids), blob))
@@ -695,6 +741,7 @@ class Pool(StreamService):
             for job in self._jobs.values():
                 job.drain = True
             self._cv.notify_all()
+        self._bodies.clear()  # a call still running holds its own function's body
 
     def terminate(self) -> None:
         """Stops at once: queued futures are cancelled, running ones and open calls fail with
@@ -707,6 +754,7 @@ class Pool(StreamService):
             queued = list(self._tasks)
             self._tasks.clear()
             self._cv.notify_all()
+        self._bodies.clear()
         for fut, _tid, _blob in queued:
             fut.cancel()
         call = self._call

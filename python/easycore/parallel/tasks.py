@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import itertools
 import pickle
+import signal
+import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from easycore._engine import wire
-from easycore._engine.producer import Interrupted
+from easycore._engine.producer import Interrupted, seed_for_item
 from easycore._engine.reports import error_report, not_picklable_report
 from easycore.common.parallel import engine
 from easycore.parallel.feed import _ONE, _TASK, _WorkItem, _WorkResult
-from easycore.parallel.functions import _ByValue, _load_by_value
+from easycore.parallel.functions import _ByValue, _load_by_value, by_cloudpickle
 
 _CONTEXT: Any = None
 _CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
@@ -42,6 +44,11 @@ def mark_abandoned(ring: Any, job: int) -> None:
     are skipped, never a wrong one."""
     if ring is not None:
         ring[job & _RING_MASK] = job
+
+
+_ITEM_SEED: int | None = None  # in producers: the base seed of per-item streams, if asked
+_EXIT: Any = None  # in producers: the pool's worker_exit, if any
+_TASK_LIMIT: float | None = None  # in producers: the pool's task_timeout, if any
 
 
 def context() -> Any:
@@ -73,16 +80,30 @@ class _Setup:
         initargs: tuple[Any, ...],
         abandoned: Any,
         codec: Any,
+        item_seed: int | None = None,
+        worker_exit: Any = None,
+        task_timeout: float | None = None,
     ) -> None:
         self.codec = codec
         self.abandoned = abandoned
+        self.worker_exit = worker_exit
+        self.task_timeout = task_timeout
         self.base = base
         self.initializer = initializer
         self.initargs = initargs
+        self.item_seed = item_seed
 
     def __call__(self, device: str) -> None:
-        global _IN_WORKER, _INIT, _ABANDONED
+        global _IN_WORKER, _INIT, _ABANDONED, _ITEM_SEED, _EXIT, _TASK_LIMIT
         _ABANDONED = self.abandoned
+        _ITEM_SEED = self.item_seed
+        _TASK_LIMIT = None
+        if self.task_timeout is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGALRM, _on_alarm)  # a worker process of its own: ours
+            _TASK_LIMIT = self.task_timeout
+        _EXIT = self.worker_exit
+        if isinstance(_EXIT, _ByValue):  # not pickled on the way (fork)
+            _EXIT = _load_by_value(_EXIT.key, _EXIT.blob)
         if self.base is not None:
             self.base(device)
         _IN_WORKER = True
@@ -100,6 +121,12 @@ def _run_initializer(device: str, cfg: Any) -> None:
         _CONTEXT = init(*initargs)
 
 
+def _run_exit(device: str, cfg: Any) -> Any:
+    """The pool's ``worker_exit``, run once in each worker as it stops: its return value is
+    one of the pool's ``exit_results``."""
+    return _EXIT() if _EXIT is not None else None
+
+
 def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | None:
     """Runs one work item (``data``): a chunk of a map job (``arg`` is a list of arguments)
     or a submitted task. Returns ``(job, index, ok, value)``: for a chunk ``value`` is
@@ -113,9 +140,15 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
         return None  # its call was abandoned (an imap left by break): skipped
     out: list[Any] = []
     try:
+        seed = _ITEM_SEED
         if mode == _TASK:
             f, args, kwargs = pickle.loads(arg)
-            value = f(*args, **kwargs)
+            if seed is not None:
+                seed_for_item(seed, index, 0)  # a task's id is never a job's
+            if _TASK_LIMIT is not None:
+                value = _limited(_TASK_LIMIT, f, *args, **kwargs)
+            else:
+                value = f(*args, **kwargs)
             try:
                 # The result must travel: find out here, for this future only (buffers are
                 # not copied by this check; a bad result would otherwise end the stream).
@@ -127,7 +160,10 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
         # list.extend appends each result as it comes: if fn raises, out holds the results
         # before the failing item (reported as "partial", and its index is index + len(out)).
         # No Python frame per item: about 25 ns an item less than a loop with append.
-        out.extend(map(fn, arg) if mode == _ONE else itertools.starmap(fn, arg))
+        if seed is not None or _TASK_LIMIT is not None:
+            _run_each(fn, arg, mode, job, index, out)
+        else:
+            out.extend(map(fn, arg) if mode == _ONE else itertools.starmap(fn, arg))
         return job, index, True, (out, time.perf_counter() - t0)
     except Interrupted:
         raise
@@ -137,6 +173,36 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
         if out:
             report["partial"] = out  # the chunk's results before the failing item
         return job, index, False, report
+
+
+def _run_each(fn: Any, arg: list[Any], mode: int, job: int, index: int, out: list[Any]) -> None:
+    """A chunk run item by item (``seed_per_item``, ``task_timeout``): each item's random
+    stream is seeded from the seed, its call (the job) and its index, and each item may run
+    for at most the task timeout; results are appended to ``out``."""
+    seed, limit = _ITEM_SEED, _TASK_LIMIT
+    for k, x in enumerate(arg):
+        if seed is not None:
+            seed_for_item(seed, job, index + k)
+        args = (x,) if mode == _ONE else x
+        out.append(fn(*args) if limit is None else _limited(limit, fn, *args))
+
+
+class _TaskTimeout(TimeoutError):
+    """Raised inside a task that ran longer than the pool's ``task_timeout``."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _TaskTimeout("the task ran longer than the pool's task_timeout and was stopped")
+
+
+def _limited(limit: float, f: Any, *args: Any, **kwargs: Any) -> Any:
+    """``f(*args, **kwargs)``, stopped by a ``TimeoutError`` raised inside it after ``limit``
+    seconds (a SIGALRM timer of this worker process)."""
+    signal.setitimer(signal.ITIMER_REAL, limit)
+    try:
+        return f(*args, **kwargs)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_WorkResult | None]:
@@ -185,6 +251,27 @@ else:
     _RunnerBase = object
 
 
+def _by_value(
+    item: _WorkItem | None,
+    error: Exception,
+    fail: Callable[[_WorkItem, Exception], None],
+    codec: wire.Codec,
+) -> _WorkItem | None:
+    """A work item whose arguments plain pickle could not send: the same item with its
+    arguments sent by value with cloudpickle (a lambda or closure among them, as for the
+    function itself), or None after failing its call when cloudpickle cannot either."""
+    if item is None:
+        return None
+    job, index, fn, arg, mode = item
+    try:
+        wrapped = (job, index, fn, by_cloudpickle(arg), mode)
+        codec.dumps(wrapped)
+        return wrapped
+    except Exception:  # noqa: BLE001 - the first error says why it cannot be sent
+        fail(item, error)
+        return None  # travels as nothing (the batch keeps its length: see Feed.pack)
+
+
 class _TaskHooks(_RunnerBase):
     """The hooks of the pool's internal runner (mixed into a runner flavour)."""
 
@@ -194,21 +281,34 @@ class _TaskHooks(_RunnerBase):
         setup: tuple[Any, tuple[Any, ...], Any],
         *,
         on_unsendable: Callable[[], Callable[[_WorkItem, Exception], None] | None] | None = None,
+        item_seeds: bool = False,
+        worker_exit: Any = None,
+        task_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
         """``setup``: ``(initializer, initargs, abandoned ring or None)``; ``on_unsendable``:
         a weak reference (called with no argument) to what fails the call of an input item
-        that cannot be pickled (the pool's), or None: such an item fails the whole stream."""
+        that cannot be pickled (the pool's), or None: such an item fails the whole stream;
+        ``item_seeds``: seed each item's random stream (the pool's ``seed_per_item``);
+        ``worker_exit``: run in each worker as it stops (its value is in ``exit_results``);
+        ``task_timeout``: the most seconds a task or map item may run."""
         self._pool_init = setup
+        self._item_seeds = item_seeds
+        self._worker_exit = worker_exit
+        self._task_timeout = task_timeout
         self._on_unsendable = on_unsendable
         super().__init__(devices, **kwargs)
 
     def _producer_setup(self, n_producers: int) -> _Setup:
         base = super()._producer_setup(n_producers)
-        return _Setup(base, *self._pool_init, self._codec())
+        seed = self.seed if self._item_seeds else None
+        return _Setup(
+            base, *self._pool_init, self._codec(), seed, self._worker_exit, self._task_timeout
+        )
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
+    producer_end = staticmethod(_run_exit)
     _fix_unsendable = staticmethod(_fix_unsendable)
 
     def _drop_unsendable(
@@ -226,8 +326,7 @@ class _TaskHooks(_RunnerBase):
             try:
                 codec.dumps(item)  # out-of-band buffers are not copied by this check
             except Exception as e:  # noqa: BLE001 - reported to the item's call
-                fail(item, e)
-                item = None  # travels as nothing (the batch keeps its length: see Feed.pack)
+                item = _by_value(item, e, fail, codec)
             kept.append(item)
         return kept
 

@@ -59,7 +59,8 @@ class ProducerActor:
         cfg (CfgNode): this producer's copy of the runner's cfg.
         setup (Callable, optional): ``setup(device)`` run first (the pool's initializer
             keeper, a flavour's device setup).
-        options (dict): ``n`` (number of producers) and ``seed`` (the runner's base seed).
+        options (dict): ``n`` (number of producers), ``seed`` (the runner's base seed) and
+            ``seed_per_item``.
     """
 
     def __init__(
@@ -73,7 +74,10 @@ class ProducerActor:
     ) -> None:
         n = int(options.get("n", 1))
         seed = int(options.get("seed", 0))
-        self.core = ProducerCore(runner_cls, index, n, device, cfg, seed, setup)
+        per_item = bool(options.get("seed_per_item", False))
+        self.core = ProducerCore(
+            runner_cls, index, n, device, cfg, seed, setup, seed_per_item=per_item
+        )
 
     def start(self) -> tuple[int, str, str, int, list[Any]]:
         """Runs ``setup`` and ``producer_init``.
@@ -108,10 +112,11 @@ class ProducerActor:
             out = self.core.codec.dumps(out)
         return seq, wire.pack_kind(t, call), to_ray_parts(out)
 
-    def stop(self) -> dict[str, Any] | None:
+    def stop(self) -> tuple[dict[str, Any] | None, Any]:
         """Runs ``producer_end`` (and closes runners the hooks left open).
 
         Returns:
-            dict or None: the error report of ``producer_end``, if it raised.
+            tuple: the error report of ``producer_end`` (None unless it raised), and its
+            return value.
         """
-        return self.core.end()
+        return self.core.goodbye()

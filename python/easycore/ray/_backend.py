@@ -278,6 +278,7 @@ class RayWorkers(Transport):
         self.dead_actors: set[int] = set()
         self.closed = False
         self.end_errors: list[dict[str, Any]] = []
+        self.exit_results: dict[int, Any] = {}
         self.owner_pid = os.getpid()
         self.inbox = _Inbox()
         self.receive = self.inbox.take  # type: ignore[method-assign]
@@ -299,7 +300,11 @@ class RayWorkers(Transport):
         n = len(plan.devices)
         setup = runner._producer_setup(n)
         codec = runner._codec()
-        opts = {"n": n, "seed": runner._seed}
+        opts = {
+            "n": n,
+            "seed": runner._seed,
+            "seed_per_item": getattr(runner, "_seed_per_item", False),
+        }
         handles = []
         try:
             for i, options in enumerate(plan.options):
@@ -458,11 +463,12 @@ class RayWorkers(Transport):
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=left)
             for ref in ready:
                 try:
-                    err = ray.get(ref)
+                    err, value = ray.get(ref)
                 except Exception:  # noqa: BLE001, S112 - died in producer_end: nothing to say
                     continue
                 if err is not None:
                     self.end_errors.append(err)
+                self.exit_results[stops[ref]] = value
         self.inbox.close()
         for h in self.handles:
             _kill(ray, h)

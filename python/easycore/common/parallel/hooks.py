@@ -49,13 +49,17 @@ class RunnerHooks:
         return data
 
     @staticmethod
-    def producer_end(device: str, cfg: Any) -> None:
+    def producer_end(device: str, cfg: Any) -> Any:
         """Function after finishing all of its task and before close the process.
 
         Args:
             device (str): device for this process.
             cfg (easycore.common.config.CfgNode): config of this process, you can use it to
                 get data from `producer_init` and `producer_work` function.
+
+        Returns:
+            Any: optional; what it returns (picklable) is in the runner's ``exit_results``
+            after ``close()``.
         """
 
     @staticmethod

@@ -8,6 +8,15 @@ copied to the CPU and arrive as CPU tensors (move them back in ``consumer_work``
 them on a GPU); in a producer, a large one is copied straight into the output queue's shared
 memory and sent by reference, so the device-to-host copy is the only copy. Sparse, quantized
 and other tensors use torch's own pickling.
+
+A CPU tensor already in shared memory (``share_memory_()``, or one that came through
+``torch.multiprocessing``) travels by reference, as ``torch.multiprocessing`` sends it: a
+handle to its storage (``torch.multiprocessing.reductions``), so that the receiver's tensor
+is a view of the same memory and writes on either side are seen by the other. Under the
+default ``file_descriptor`` sharing strategy the handle is a file descriptor passed through
+``multiprocessing``'s resource sharer, which lives in the sending process: the receiver must
+unpickle it while the sender lives, in a process of the same program (the runners' and
+pools' producers, processes started with ``multiprocessing``).
 """
 
 from __future__ import annotations
@@ -54,9 +63,25 @@ def _to_host(x: torch.Tensor) -> torch.Tensor:
     return host
 
 
+def _shared(t: torch.Tensor) -> Any:
+    """``torch.multiprocessing``'s reduction of a CPU tensor whose storage is already shared
+    (by reference: a handle to the storage), or None for any other tensor."""
+    if t.device.type != "cpu" or not t.is_shared() or (t.requires_grad and not t.is_leaf):
+        return None
+    from torch.multiprocessing import reductions
+
+    try:
+        return reductions.reduce_tensor(t)
+    except Exception:  # noqa: BLE001 - sent by value instead
+        return None
+
+
 def _reduce_tensor(t: torch.Tensor) -> Any:
     if t.layout != torch.strided or t.is_quantized or t.is_nested or t.device.type == "meta":
         return t.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    by_ref = _shared(t)
+    if by_ref is not None:
+        return by_ref
     x = t.detach()
     if x.device.type != "cpu":
         x = _to_host(x)
@@ -71,9 +96,25 @@ def _reduce_tensor(t: torch.Tensor) -> Any:
     return _rebuild, (arr, dtype, t.requires_grad, isinstance(t, torch.nn.Parameter))
 
 
+def _reduce_storage(storage: Any) -> Any:
+    """A storage in shared memory (inside a shared tensor's reduction) travels as
+    ``torch.multiprocessing`` sends it, by a handle; any other, by value as usual."""
+    typed = isinstance(storage, torch.storage.TypedStorage)
+    raw = storage._untyped_storage if typed else storage
+    if raw.device.type == "cpu" and raw.is_shared():
+        from torch.multiprocessing import reductions
+
+        if typed:
+            return reductions.reduce_typed_storage(storage)
+        return reductions.reduce_storage(storage)
+    return storage.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+
+
 _DISPATCH = copyreg.dispatch_table.copy()
 _DISPATCH[torch.Tensor] = _reduce_tensor
 _DISPATCH[torch.nn.Parameter] = _reduce_tensor
+_DISPATCH[torch.storage.TypedStorage] = _reduce_storage
+_DISPATCH[torch.storage.UntypedStorage] = _reduce_storage
 
 
 class TorchCodec(Codec):
