@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import multiprocessing
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
@@ -32,8 +33,15 @@ def _finish_at_exit() -> None:
             pass
 
 
-# Registered after easycore's exit hook (imported above), so it runs before it.
-atexit.register(_finish_at_exit)
+# concurrent.futures finishes its pending work from threading's exit hooks, which run before
+# the interpreter joins its threads and, from Python 3.12 on, stop new threads from starting
+# (finishing a pool's work may need one). Where that hook is missing, an atexit hook
+# registered after easycore's own (imported above) runs before it.
+_register = getattr(threading, "_register_atexit", None)
+if _register is not None:
+    _register(_finish_at_exit)
+else:  # pragma: no cover - CPython has had it since 3.9
+    atexit.register(_finish_at_exit)
 
 
 class PoolExecutor(Executor):
@@ -133,7 +141,8 @@ class PoolExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accepts no new work; with ``wait``, waits for pending work and the workers.
         Without it, pending work still finishes (at interpreter exit too, as in
-        ``concurrent.futures``).
+        ``concurrent.futures``; on Python 3.12 not yet at interpreter exit: work still pending
+        when the interpreter exits is dropped there).
 
         Args:
             wait (bool): wait for pending futures and the workers to finish.
