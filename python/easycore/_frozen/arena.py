@@ -387,6 +387,6 @@ def build(
 
 
 def _identity() -> str:
-    from easycore import _core
+    from easycore._core import identity  # the extension itself, not the package's face
 
-    return _core.identity()
+    return identity()

@@ -229,7 +229,7 @@ class ShmArrayHooks(ArrayHooks):
 
     @staticmethod
     def producer_work(device: str, cfg: Any, data: Any) -> Any:
-        from easycore import shm
+        import easycore.shm as shm
 
         index, nbytes = data
         a = shm.empty(nbytes, dtype=np.uint8)
