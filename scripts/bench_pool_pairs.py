@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from easycore.bench import systems
+from easycore.bench import systems, systems_easycore, systems_peers
 from easycore.bench.workloads import SquareCollectHooks, SquareHashHooks, SquareSumHooks
 from easycore.parallel import Pool
 
@@ -66,21 +66,21 @@ def main() -> None:
     else:
         consume = tuple if args.ordered else sum
     ctx = mp.get_context()
-    ours = Pool(2, initializer=systems._ec_pool_init, initargs=(hooks,))
+    ours = Pool(2, initializer=systems_easycore._ec_pool_init, initargs=(hooks,))
     theirs = ctx.Pool(
         2,
-        initializer=systems._worker_init,
-        initargs=(hooks, systems._device_queue(ctx, ["cpu", "cpu"])),
+        initializer=systems_peers._worker_init,
+        initargs=(hooks, systems_peers._device_queue(ctx, ["cpu", "cpu"])),
     )
     try:
 
         def run_ours() -> Any:
             imap = ours.imap if args.ordered else ours.imap_unordered
-            return consume(imap(systems._ec_pool_work, _items()))
+            return consume(imap(systems_easycore._ec_pool_work, _items()))
 
         def run_theirs() -> Any:
             imap = theirs.imap if args.ordered else theirs.imap_unordered
-            return consume(imap(systems._worker_work, _items(), 25000))
+            return consume(imap(systems_peers._worker_work, _items(), 25000))
 
         assert run_ours() == run_theirs(), "the two pools disagree"  # also a warm-up
         ratios = []

@@ -8,8 +8,13 @@ runner (:mod:`easycore.bench.reference`, the original design on ``multiprocessin
 
 Modules:
 
-* :mod:`easycore.bench.workloads` — the workloads and their expected results.
-* :mod:`easycore.bench.systems` — the systems under test and the bounded measurement.
+* :mod:`easycore.bench.cli` — the command line (``python -m easycore.bench``).
+* :mod:`easycore.bench.workloads` — the workloads and their expected results (their hooks in
+  :mod:`easycore.bench.workload_hooks`).
+* :mod:`easycore.bench.systems` — every system under test by key: the interface
+  (:mod:`easycore.bench.system_api`), easycore's (:mod:`easycore.bench.systems_easycore`) and
+  its peers (:mod:`easycore.bench.systems_peers`).
+* :mod:`easycore.bench.measurement` — the bounded measurement, one forked child a cell.
 * :mod:`easycore.bench.reference` — the pure-Python reference runner.
 * :mod:`easycore.bench.report` — table, JSON and PNG output.
 """
@@ -20,7 +25,7 @@ __all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Runs the command line (see :func:`easycore.bench.__main__.main`)."""
-    from easycore.bench.__main__ import main as _main
+    """Runs the command line (see :func:`easycore.bench.cli.main`)."""
+    from easycore.bench.cli import main as _main
 
     return _main(argv)

@@ -1,4 +1,4 @@
-"""``python -m easycore.bench`` / ``easycore-bench``: the runner benchmark's command line.
+"""The runner benchmark's command line: ``python -m easycore.bench`` / ``easycore-bench``.
 
 Examples::
 
@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 try:
-    from easycore.bench import report
+    import easycore.bench.report as report
     from easycore.bench.report import Row
     from easycore.bench.systems import SYSTEMS, CellSpec, Job, System, run_cell
     from easycore.bench.workloads import SWEEP, WORKLOADS, Workload, torch_available
@@ -421,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
     """
     argv = sys.argv[1:] if argv is None else argv
     if "--backend" in argv or any(a.startswith("--backend=") for a in argv):
-        from easycore.bench import ray_bench  # the Ray backend's own comparison
+        import easycore.bench.ray_bench as ray_bench  # the Ray backend's own comparison
 
         return ray_bench.main(argv)
     args = parse_args(argv)
@@ -456,7 +456,3 @@ def main(argv: list[str] | None = None) -> int:
     if interrupted:
         return 130
     return 1 if any(r.status in report.FAILED for r in rows) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
