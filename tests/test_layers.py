@@ -2,7 +2,8 @@
 import cycle between easycore's modules, and no import from a lower layer to a higher one.
 
 Every ``import`` statement counts: at module level, under ``if TYPE_CHECKING:`` and inside
-functions (a lazy import is still an arrow). A layer may import its own package and the
+functions (a lazy import is still an arrow). ``from pkg import mod`` is an arrow to ``pkg`` as
+well as to ``pkg.mod``; ``import pkg.mod`` and ``from pkg.mod import x`` only to ``pkg.mod``. A layer may import its own package and the
 layers below it. Plug-ins the engine loads by name at run time (``easycore._engine.backends``)
 are not arrows, by design: the loaded package registers itself.
 """
@@ -57,9 +58,11 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
                 pkg = name.split(".") if is_pkg else name.split(".")[:-1]
                 pkg = pkg[: len(pkg) - (node.level - 1)]
                 base = ".".join(pkg + ([base] if base else []))
-            # ``from pkg import mod`` imports the module pkg.mod; else the names of pkg
-            targets = [
-                f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names
+            # ``from pkg import mod`` imports the module pkg.mod, and reads it from pkg: pkg's
+            # ``__init__`` runs first and the name is looked up there, so pkg is an arrow too
+            # (a package face that imports such a module back, even lazily, is a loop).
+            targets = [base] + [
+                f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known
             ]
         else:
             continue
@@ -169,3 +172,40 @@ def test_the_checker_sees_a_cycle_and_an_upward_import():
     fake = {"easycore.common.a": {"easycore.common.b"}, "easycore.common.b": {"easycore.common.a"}}
     assert _cycles(fake) == [["easycore.common.a", "easycore.common.b"]]
     assert _layer("easycore.ray._backend") > _layer("easycore.common.parallel.engine")
+
+
+def _write(root, files):
+    """Writes ``{relative path: source}`` under ``root``; returns ``{module name: path}``."""
+    mods = {}
+    for rel, src in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(src)
+        parts = list(Path(rel).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        mods[".".join(parts)] = path
+    return mods
+
+
+def test_the_checker_sees_a_lazy_loop_through_a_package_face(tmp_path):
+    # The package's face imports its command line inside a function; the command line reads
+    # a sibling module *from the package* (``from pkg import mod``), which runs the face.
+    mods = _write(
+        tmp_path,
+        {
+            "easycore/fake/__init__.py": (
+                "def main():\n    from easycore.fake.cli import main as m\n    return m()\n"
+            ),
+            "easycore/fake/cli.py": "from easycore.fake import helpers\n",
+            "easycore/fake/helpers.py": "X = 1\n",
+        },
+    )
+    graph = {name: _imports(path, name, set(mods)) for name, path in mods.items()}
+    assert graph["easycore.fake.cli"] == {"easycore.fake", "easycore.fake.helpers"}
+    assert _cycles(graph) == [["easycore.fake", "easycore.fake.cli"]]
+    # Imported by its full name, the sibling no longer goes through the face: no loop.
+    mods["easycore.fake.cli"].write_text("import easycore.fake.helpers as helpers\n")
+    graph = {name: _imports(path, name, set(mods)) for name, path in mods.items()}
+    assert graph["easycore.fake.cli"] == {"easycore.fake.helpers"}
+    assert _cycles(graph) == []
