@@ -6,8 +6,8 @@ import os
 import signal
 
 import numpy as np
-from easycore.common.parallel import UnorderedRunner
 from easycore.parallel import context
+from runner_defs import CollectUnordered
 
 
 def describe(x):
@@ -32,7 +32,7 @@ def how_mapped(frozen):
     return "owner" if arena.owner_pid == os.getpid() else "inherited"
 
 
-class ReadIndex(UnorderedRunner):
+class ReadIndex(CollectUnordered):
     """Each item is an index into cfg.index (a SharedList); returns what it read there and
     how this producer mapped it. cfg.table (a SharedDict) is read by key too."""
 
@@ -42,21 +42,14 @@ class ReadIndex(UnorderedRunner):
         return i, describe(item), cfg.table[f"k{i}"], how_mapped(cfg.index)
 
     @staticmethod
-    def consumer_init(cfg):
-        cfg.out = []
-
-    @staticmethod
-    def consumer_work(cfg, data):
-        cfg.out.append(data)
-
-    @staticmethod
     def consumer_end(cfg):
         return {i: (item, by_key, how) for i, item, by_key, how in cfg.out}
 
 
-class DieWhileReading(UnorderedRunner):
+class DieWhileReading(CollectUnordered):
     """Item ``cfg.bad`` makes its producer SIGKILL itself halfway through reading the whole
-    index (a kill in the middle of reading frozen data); the others sum a field."""
+    index (a kill in the middle of reading frozen data); the others sum a field (the consumer
+    collects the sums in a list)."""
 
     @staticmethod
     def producer_work(device, cfg, i):
@@ -66,18 +59,6 @@ class DieWhileReading(UnorderedRunner):
                 os.kill(os.getpid(), signal.SIGKILL)
             total += item["label"]
         return total
-
-    @staticmethod
-    def consumer_init(cfg):
-        cfg.out = []
-
-    @staticmethod
-    def consumer_work(cfg, data):
-        cfg.out.append(data)
-
-    @staticmethod
-    def consumer_end(cfg):
-        return cfg.out
 
 
 def init_with(frozen):
