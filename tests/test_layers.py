@@ -3,9 +3,10 @@ import cycle between easycore's modules, and no import from a lower layer to a h
 
 Every ``import`` statement counts: at module level, under ``if TYPE_CHECKING:`` and inside
 functions (a lazy import is still an arrow). ``from pkg import mod`` is an arrow to ``pkg`` as
-well as to ``pkg.mod``; ``import pkg.mod`` and ``from pkg.mod import x`` only to ``pkg.mod``. A layer may import its own package and the
-layers below it. Plug-ins the engine loads by name at run time (``easycore._engine.backends``)
-are not arrows, by design: the loaded package registers itself.
+well as to ``pkg.mod``; ``import pkg.mod`` and ``from pkg.mod import x`` only to ``pkg.mod``.
+A layer may import its own package and the layers below it. Plug-ins the engine loads by name
+at run time (``easycore._engine.backends``) are not arrows, by design: the loaded package
+registers itself.
 """
 
 from __future__ import annotations
