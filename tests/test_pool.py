@@ -617,6 +617,23 @@ def test_devices_keyword_as_the_runners_spell_it():
         Pool(2, devices=["cpu"])
 
 
+def test_processes_counts_cpu_workers_and_devices_names_them():
+    # processes= is the stdlib's (how many workers, each a "cpu" one); devices= is the
+    # runners' (one worker per entry); both at once is a TypeError that says which is which.
+    with Pool(processes=2) as p:
+        assert p.devices == ["cpu", "cpu"]
+        assert p.map(pd.square, range(4)) == [0, 1, 4, 9]
+    with Pool(devices=1) as p:
+        assert p.devices == ["cpu"]
+    with pytest.raises(TypeError, match=r"processes=.*devices=.*not both") as ei:
+        Pool(processes=2, devices=["cpu", "cpu"])
+    assert isinstance(ei.value, InvalidArgument)
+    with pytest.raises(InvalidArgument, match="processes must be at least 1"):
+        Pool(processes=0)
+    with pytest.raises(InvalidArgument, match="devices must be at least 1"):
+        Pool(devices=0)
+
+
 def test_lambda_initializer_under_spawn():
     with Pool(1, initializer=lambda a: a * 2, initargs=(21,), start_method="spawn") as p:
         assert p.submit(lambda: context()).result(timeout=60) == 42
