@@ -28,31 +28,48 @@ ALLOWED = {
     ("executor.py", "_for_executor"): "PoolExecutor makes its own pool behave as the stdlib's "
     "executor (no ResourceWarning, concurrent.futures' RemoteTraceback), which no public "
     "Pool argument offers",
+    ("executor.py", "_register_atexit"): "concurrent.futures finishes pending work from "
+    "threading's private exit hook; PoolExecutor must run in the same place to do as it does",
     ("executor.py", "_cancel_queued"): "PoolExecutor.shutdown(cancel_futures=True) cancels "
     "its pool's queued tasks, which multiprocessing.Pool's API (Pool's) has no call for",
 }
 
 
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _own(value: ast.expr) -> bool:
+    """Whether ``value`` is the object itself: ``self``, ``cls`` or ``super()``."""
+    if isinstance(value, ast.Name):
+        return value.id in ("self", "cls")
+    return (
+        isinstance(value, ast.Call)
+        and isinstance(value.func, ast.Name)
+        and value.func.id == "super"
+    )
+
+
 def _foreign_private(tree: ast.AST) -> list[tuple[int, str]]:
     """``(line, attribute)`` of every private attribute reached on something other than
-    ``self``, ``cls`` or ``super()``."""
+    ``self``, ``cls`` or ``super()``: ``obj._name``, or ``getattr(obj, "_name")`` and its
+    kin (``hasattr``, ``setattr``, ``delattr``)."""
     out = []
     for node in ast.walk(tree):
-        if not isinstance(node, ast.Attribute):
-            continue
-        attr = node.attr
-        if not attr.startswith("_") or (attr.startswith("__") and attr.endswith("__")):
-            continue
-        value = node.value
-        if isinstance(value, ast.Name) and value.id in ("self", "cls"):
-            continue
-        if (
-            isinstance(value, ast.Call)
-            and isinstance(value.func, ast.Name)
-            and value.func.id == "super"
+        if isinstance(node, ast.Attribute):
+            if _private(node.attr) and not _own(node.value):
+                out.append((node.lineno, node.attr))
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "hasattr", "setattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+            and _private(node.args[1].value)
+            and not _own(node.args[0])
         ):
-            continue
-        out.append((node.lineno, attr))
+            out.append((node.lineno, node.args[1].value))
     return out
 
 
@@ -85,7 +102,7 @@ def test_the_check_sees_a_foreign_private_attribute():
         "    def f(self, pool):\n"
         "        self._mine = pool._theirs\n"
         "        self.x._y = super()._z + cls._w + type(self).__name__\n"
-        "        return mod._private\n"
+        "        return mod._private, getattr(pool, '_door', None), getattr(self, '_ok')\n"
     )
     found = sorted(attr for _line, attr in _foreign_private(ast.parse(code)))
-    assert found == ["_private", "_theirs", "_y"]
+    assert found == ["_door", "_private", "_theirs", "_y"]

@@ -141,7 +141,10 @@ class _PoolBase:
             task_timeout=task_timeout,
             worker_exit=None if worker_exit is None else portable(worker_exit, how),
         )
-        n = len(self._stream.runner.devices)
+        # What easycore.shm's runner= reads of a pool (``_engine/leases.runner_queue``: the
+        # input queue whose arena a caller's arrays are leased from).
+        self._runner = self._stream.runner
+        n = len(self._runner.devices)
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
         # is still cancellable (it is "running" once sent), yet every worker has a next one.
         self._schedule.set_bounds(
