@@ -12,6 +12,7 @@ import pickle
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures import BrokenExecutor
 from concurrent.futures.process import BrokenProcessPool
 
@@ -262,3 +263,100 @@ def test_shutdown_cancel_futures_cancels_only_tasks_not_started() -> None:
     for f in fs:
         if not f.cancelled():  # those already running finished, without error
             assert f.done() and f.exception() is None
+
+
+class _RefusesPickling:
+    """An input whose pickling raises ``RuntimeError`` (CPython's test_map_unplicklable)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise RuntimeError("cannot pickle")
+
+
+@pytest.mark.parametrize("items", [[1, _RefusesPickling(), 3], iter([1, _RefusesPickling(), 3])])
+def test_an_unpicklable_map_input_raises_the_picklers_own_error(items: object) -> None:
+    # As multiprocessing.Pool.map: the pickler's exception itself reaches the caller, with
+    # easycore's context as a note and the input index; the pool goes on.
+    with Pool(2, start_method="fork") as pool:
+        with pytest.raises(RuntimeError) as ei:
+            pool.map(pd.square, items)  # type: ignore[arg-type]
+        assert type(ei.value) is RuntimeError and ei.value.args == ("cannot pickle",)
+        notes = "\n".join(getattr(ei.value, "__notes__", []))
+        assert "cannot be sent to the workers" in notes and "_RefusesPickling" in notes
+        assert ei.value.item == 1  # type: ignore[attr-defined]
+        assert "input item 1 of this call" in notes
+        with pytest.raises(TypeError, match="cannot pickle"):
+            pool.map(pd.square, [threading.Lock()])
+        assert pool.map(pd.square, range(4)) == [0, 1, 4, 9]
+
+
+class _Counted:
+    """Counts its live instances in this process (CPython's CountedObject)."""
+
+    alive = 0
+
+    def __new__(cls) -> _Counted:
+        cls.alive += 1
+        return super().__new__(cls)
+
+    def __del__(self) -> None:
+        type(self).alive -= 1
+
+
+def _identity(x: object) -> object:
+    return x
+
+
+def _make_counted(_: int) -> _Counted:
+    return _Counted()
+
+
+def _gone(refs: list[weakref.ref[_Counted]], every: bool = True) -> bool:
+    """Whether the objects of ``refs`` (and with ``every``, all ``_Counted`` objects) are
+    freed, looking again for a while (the pool's threads may be between two steps; nothing
+    here depends on how long that takes)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        gc.collect()
+        if all(r() is None for r in refs) and (_Counted.alive == 0 or not every):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_map_keeps_neither_its_arguments_nor_its_results(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # CPython's test_release_task_refs: once map() returned and its list is dropped, the
+    # arguments and the results (copies made in this process) are freed, while the pool's
+    # stream stays open (a task still runs: no later message or idle end frees them).
+    release = str(tmp_path / "release")
+    with Pool(2, start_method="fork") as pool:
+        busy = pool.submit(pd.wait_for, release, "done", 120.0)
+        try:
+            objs = [_Counted() for _ in range(10)]
+            refs = [weakref.ref(o) for o in objs]
+            pool.map(_identity, objs)
+            del objs
+            assert _gone(refs), f"{_Counted.alive} still alive"
+            pool.map(_make_counted, range(20))
+            assert _gone([]), f"{_Counted.alive} still alive"
+        finally:
+            open(release, "w").close()
+        assert busy.result(timeout=60) == "done"
+
+
+@pytest.mark.parametrize("how", ["imap", "executor"])
+def test_each_result_handed_out_is_freed_when_its_caller_drops_it(how: str) -> None:
+    # CPython's test_free_reference: the results iterator holds no result it handed out, not
+    # even while the rest of the same chunk waits to be consumed.
+    if how == "imap":
+        pool = Pool(2, start_method="fork")
+        it = pool.imap(_make_counted, range(50))
+    else:
+        ex = PoolExecutor(2, start_method="fork")
+        it = ex.map(_make_counted, range(50))
+    try:
+        for obj in it:
+            ref = weakref.ref(obj)
+            del obj
+            assert _gone([ref], every=False)
+    finally:
+        pool.close() if how == "imap" else ex.shutdown()

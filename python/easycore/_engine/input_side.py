@@ -266,12 +266,18 @@ class InputSide:
         attention = self.attention
         read = 0
         got: int | None = None  # items the last run gave (None: no run to report)
+        run: Any = None
+        items: Any = None
+        x: Any = None
         try:
             while not self.abort:
                 room = self._wait_for_room(read + self.direct_total)
                 if room <= 0:
                     continue  # aborted
                 self._compact()
+                # Nothing of the last run is held while the next is awaited: a finished
+                # call's arguments are freed (the stdlib's pools keep none).
+                run = items = x = None
                 run = src.next_run(room, got)
                 got = None
                 if run is None:

@@ -544,6 +544,9 @@ class Call(InputSide):
             for _first, results, count in self._chunks():
                 self.delivered_chunk(count)
                 yield results
+                # Not held while the next message is awaited: results the caller handed out
+                # and dropped are freed (the stdlib's pools keep none).
+                del results
             finished = True
         except BaseException as e:
             self._fail(e)

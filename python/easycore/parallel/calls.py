@@ -44,7 +44,7 @@ def _abandon(job: _Job, scheduler: Scheduler, abandoned: Any) -> None:
 
 def results(
     job: _Job,
-    chunks: Iterator[list[Any]],
+    chunks: Iterator[Iterator[Any]],
     scheduler: Scheduler,
     abandoned: Any,
 ) -> Iterator[Any]:
@@ -56,6 +56,14 @@ def results(
     return itertools.chain.from_iterable(chunks)
 
 
+def _handed_out(chunk: list[Any]) -> Iterator[Any]:
+    """The results of ``chunk`` in order, each dropped from the list as it is handed out:
+    a result the caller has dropped is freed at once, not when its whole chunk is consumed
+    (as the stdlib's pools keep no result). C-level, no Python frame per result."""
+    chunk.reverse()
+    return map(chunk.pop, itertools.repeat(-1, len(chunk)))
+
+
 def result_chunks(
     job: _Job,
     scheduler: Scheduler,
@@ -63,8 +71,8 @@ def result_chunks(
     begin: Callable[[], Any],
     close: Callable[[], None],
     terminate: Callable[[], None],
-) -> Iterator[list[Any]]:
-    """The lists of ``job``'s results as they can be handed out (in order, or as they
+) -> Iterator[Iterator[Any]]:
+    """The runs of ``job``'s results as they can be handed out (in order, or as they
     arrived). ``begin`` is called when the caller first asks (it may refuse the calling
     thread) and returns a progress bar or None; ``close`` closes the job (called at the end,
     however it ends); ``terminate`` stops the pool (Ctrl-C)."""
@@ -115,7 +123,9 @@ def result_chunks(
                 scheduler.notify()
             if bar is not None:
                 bar.update(n)
-            yield from got
+            for chunk in got:
+                yield _handed_out(chunk)
+            del got, chunk  # not held while the caller consumes the next chunk
     except KeyboardInterrupt:
         # Ctrl-C: stop everything, as the runners do (busy workers are interrupted).
         close()

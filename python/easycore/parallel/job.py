@@ -4,12 +4,14 @@ and the results its caller has not taken yet."""
 from __future__ import annotations
 
 import collections
+import pickle
 import threading
 from collections.abc import Iterable, Sequence, Sized
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any, cast
 
 from easycore._engine.reports import _loads_or_none, worker_error
+from easycore._engine.wire import describe_unpicklable
 
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 
@@ -47,6 +49,34 @@ def task_error(report: dict[str, Any], cause: type = RemoteTraceback) -> BaseExc
         pass
     exc.__cause__ = cause(tb)
     return exc
+
+
+def unsendable_error(error: BaseException, first: int, items: Sequence[Any]) -> BaseException:
+    """The exception a ``map``/``imap`` caller gets for input items ``first``… (a chunk)
+    that could not be pickled: the pickler's own exception (its type, as the stdlib's pools
+    raise it), with the input index of the culprit as ``item`` and a note naming it."""
+    k = next((i for i, x in enumerate(items) if not _pickles(x)), 0)
+    if not hasattr(error, "item"):
+        try:
+            error.item = first + k  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a class with __slots__: the note says it
+            pass
+    try:
+        error.add_note(
+            f"input item {first + k} of this call cannot be sent to the workers: "
+            f"{describe_unpicklable(list(items[k : k + 1]))} is not picklable"
+        )
+    except Exception:  # noqa: BLE001 - never hide the error for its note
+        pass
+    return error
+
+
+def _pickles(x: Any) -> bool:
+    try:
+        pickle.dumps(x, protocol=5)
+    except Exception:  # noqa: BLE001 - any failure means no
+        return False
+    return True
 
 
 def _length(iterable: Iterable[Any]) -> int | None:

@@ -20,12 +20,11 @@ from concurrent.futures import InvalidStateError
 from typing import Any
 
 from easycore._engine.lifecycle import TICK
-from easycore._engine.reports import not_picklable_error
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
 from easycore.errors import PoolClosedError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
-from easycore.parallel.job import _Job, task_error
+from easycore.parallel.job import _Job, task_error, unsendable_error
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import _TaskHooks
 
@@ -266,8 +265,7 @@ class StreamService:
         job = self.scheduler.jobs().get(jid)
         if job is None:
             return
-        what = f"input item {index}..{index + len(arg) - 1} of this call"
-        job.fail(not_picklable_error(what, list(arg), error, to="the workers"))
+        job.fail(unsendable_error(error, index, arg))
 
     def _route(self, results: list[_WorkResult | None]) -> None:
         """Hands one message's results to their futures and jobs. Consecutive chunks of one
