@@ -147,17 +147,15 @@ def _load(suite: str, method: str, stdlib: bool) -> list[unittest.TestCase]:
     else:
         if not stdlib:
             _patch_pool()
-        import types
+        # A module of its own (a file, which the workers can import: a test may send them a
+        # method of its class), as CPython's test_multiprocessing_<method> modules do.
+        os.environ["EASYCORE_CONFORMANCE_METHOD"] = method
+        import easycore_pool_conformance as module
 
-        from test import _test_multiprocessing as tm
-
-        module = types.ModuleType("easycore_pool_conformance")
-        tm.install_tests_in_module_dict(vars(module), method, only_type="processes")
         for attr in sorted(vars(module)):
             cls = getattr(module, attr)
             if isinstance(cls, type) and issubclass(cls, unittest.TestCase) and "Pool" in attr:
                 tests.extend(_flatten(loader.loadTestsFromTestCase(cls)))
-        sys.modules[module.__name__] = module
     return tests
 
 
