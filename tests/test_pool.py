@@ -770,8 +770,10 @@ def test_unpicklable_result_or_argument_raises_and_the_pool_goes_on(pool):
 
     with pytest.raises(SerializationError):
         pool.map(lambda x: threading.Lock(), range(3))
-    with pytest.raises(SerializationError):
-        pool.submit(pd.square, threading.Lock())
+    # as the stdlib's executor: the pickler's own exception fails the future, not submit()
+    lock_task = pool.submit(pd.square, threading.Lock())
+    with pytest.raises(TypeError, match="cannot pickle"):
+        lock_task.result(timeout=60)
     # an unpicklable result of a task fails that future only
     other = pool.submit(pd.square, 5)
     bad = pool.submit(lambda: threading.Lock())

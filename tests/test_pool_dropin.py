@@ -360,3 +360,58 @@ def test_each_result_handed_out_is_freed_when_its_caller_drops_it(how: str) -> N
             assert _gone([ref], every=False)
     finally:
         pool.close() if how == "imap" else ex.shutdown()
+
+
+def _raise_unpickling() -> None:
+    raise pickle.UnpicklingError("cannot be rebuilt")
+
+
+class _ErrorAtUnpickle:
+    """Its unpickling raises ``UnpicklingError`` (CPython's test_deadlock)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_raise_unpickling, ())
+
+
+class _ExitAtUnpickle:
+    """Its unpickling calls ``sys.exit(1)`` (CPython's test_deadlock)."""
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (sys.exit, (1,))
+
+
+class _ErrorAtPickle:
+    def __reduce__(self) -> tuple[object, ...]:
+        raise pickle.PicklingError("Error in pickle")
+
+
+def _return_instance(cls: type) -> object:
+    return cls()
+
+
+@pytest.mark.parametrize("bad", [_ErrorAtUnpickle, _ExitAtUnpickle])
+def test_a_task_or_result_that_does_not_unpickle_is_a_broken_process_pool(bad: type) -> None:
+    # CPython's test_deadlock: a task's arguments that fail to unpickle in the worker, or a
+    # result that fails to unpickle in the caller, fail that future with BrokenProcessPool
+    # (here also a SerializationError; the pool goes on).
+    with PoolExecutor(2, start_method="fork") as ex:
+        with pytest.raises(BrokenProcessPool) as ei:
+            ex.submit(id, bad()).result(timeout=60)
+        assert isinstance(ei.value, SerializationError)
+        assert "could not be unpickled in its worker" in str(ei.value)
+        with pytest.raises(BrokenProcessPool) as ei:
+            ex.submit(_return_instance, bad).result(timeout=60)
+        assert isinstance(ei.value, SerializationError)
+        assert "could not be unpickled in the caller" in str(ei.value)
+        assert ex.submit(pd.square, 4).result(timeout=60) == 16
+
+
+def test_a_task_that_does_not_pickle_fails_its_future_with_the_picklers_error() -> None:
+    # CPython's test_error_at_task_pickle: submit() returns; the future holds the error.
+    with PoolExecutor(2, start_method="fork") as ex:
+        fut = ex.submit(id, _ErrorAtPickle())
+        with pytest.raises(pickle.PicklingError, match="Error in pickle") as ei:
+            fut.result(timeout=60)
+        assert type(ei.value) is pickle.PicklingError
+        assert "cannot be sent to the workers" in "".join(ei.value.__notes__)
+        assert ex.submit(pd.square, 4).result(timeout=60) == 16

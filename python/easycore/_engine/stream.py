@@ -43,7 +43,7 @@ from easycore._engine import producer as _producer
 from easycore._engine import wire
 from easycore._engine.input_side import _PROBE_FIRST, InputOwner, InputSide, RunSource, _Flag
 from easycore._engine.lifecycle import TICK
-from easycore._engine.reports import call_hook, hook_error, worker_error
+from easycore._engine.reports import call_hook, hook_error, safe_str, worker_error
 from easycore._engine.runs import IteratorRuns
 from easycore._engine.stats import RunnerStats
 from easycore.errors import (
@@ -53,6 +53,7 @@ from easycore.errors import (
     QueueEmpty,
     RunnerClosedError,
     RunnerTimeoutError,
+    SerializationError,
     WorkerDiedError,
 )
 
@@ -397,7 +398,14 @@ class Call(InputSide):
             self.last_progress = time.monotonic()
             nb = wire.nbytes(parts)
             self.stats.bytes_out += nb
-            first, results, wi, busy, wait = self.codec.loads(parts)
+            try:
+                first, results, wi, busy, wait = self.codec.loads(parts)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as e:  # noqa: BLE001 - SystemExit too: the call's error
+                raise SerializationError(
+                    f"results could not be unpickled in the caller: {safe_str(e)}"
+                ) from e
             self.results_in += 1
             del parts
             count = self.packed_counts.pop(seq, None) or len(results)

@@ -7,13 +7,31 @@ import collections
 import pickle
 import threading
 from collections.abc import Iterable, Sequence, Sized
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any, cast
 
 from easycore._engine.reports import _loads_or_none, worker_error
 from easycore._engine.wire import describe_unpicklable
+from easycore.errors import SerializationError
 
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
+
+
+class _BrokenTransfer(SerializationError, BrokenProcessPool):
+    """A task could not be unpickled in its worker, or results in the caller: a
+    :class:`~easycore.errors.SerializationError`, and the ``BrokenProcessPool`` that
+    ``concurrent.futures`` raises for it (there the pool breaks; here only what the failure
+    reached fails, and the pool goes on)."""
+
+
+def broken_transfer(message: str, cause: BaseException | None) -> _BrokenTransfer:
+    """The pool's error for a task or results that could not be unpickled (see
+    :class:`_BrokenTransfer`), chained to ``cause``."""
+    err = _BrokenTransfer(message)
+    err.__cause__ = cause
+    err.exc = repr(cause) if cause is not None else ""
+    return err
 
 
 def task_error(report: dict[str, Any], cause: type = RemoteTraceback) -> BaseException:
@@ -25,6 +43,11 @@ def task_error(report: dict[str, Any], cause: type = RemoteTraceback) -> BaseExc
     ``remote_traceback``) and a note. Where the exception cannot travel (it does not
     pickle, or is not importable here), or the error is easycore's own (a result that
     cannot be pickled), the runners' error is used."""
+    if report.get("kind") == "unpickle_task":
+        return broken_transfer(
+            f"the task could not be unpickled in its worker: {report.get('message')}",
+            cause(report.get("traceback", "")),
+        )
     exc = _loads_or_none(report.get("exc")) if report.get("kind") == "hook" else None
     if not isinstance(exc, BaseException):
         return worker_error(report)

@@ -46,7 +46,6 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
-from easycore.errors import SerializationError
 from easycore.parallel import calls
 from easycore.parallel.feed import _ONE, _STAR
 from easycore.parallel.functions import pickle_args, portable
@@ -265,7 +264,9 @@ class Pool(_PoolBase):
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         """Schedules ``fn(*args, **kwargs)``; safe to call from several threads at once.
 
-        The function and arguments are pickled here (an unpicklable one raises at once).
+        The function and arguments are pickled here: where that fails, the future fails at
+        once with the pickler's own exception (as ``concurrent.futures`` and
+        ``multiprocessing.Pool.apply_async`` report it), with a note.
         Cancelling the future before a worker takes it means it never runs. Do not wait on
         the pool's results from a future's done-callback (it runs in the pool's result
         thread); submitting from one is fine.
@@ -277,19 +278,23 @@ class Pool(_PoolBase):
         Returns:
             concurrent.futures.Future: the task's result or exception.
 
-        Raises:
-            SerializationError: if the arguments cannot be pickled.
         """
         self._check_open()
         f = portable(fn, self.start_method, self._bodies)
+        fut: Future[_T] = Future()
         try:
             blob = pickle_args((f, args, kwargs))
         except Exception as e:
-            raise SerializationError(
-                f"the arguments of {getattr(fn, '__qualname__', fn)!r} cannot be sent to the "
-                f"workers: {type(e).__name__}: {e}"
-            ) from e
-        fut: Future[_T] = Future()
+            # As the stdlib's pools: the pickler's own exception fails this future.
+            try:
+                e.add_note(
+                    f"the arguments of {getattr(fn, '__qualname__', fn)!r} cannot be sent to "
+                    "the workers"
+                )
+            except Exception:  # noqa: BLE001 - never hide the error for its note
+                pass
+            fut.set_exception(e)
+            return fut
         # A function whose body lies in a shared arena (see functions.py) keeps it there
         # until its task is done.
         fut.add_done_callback(functools.partial(_keep, f))

@@ -17,14 +17,15 @@ import threading
 import weakref
 from collections.abc import Iterable
 from concurrent.futures import InvalidStateError
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from easycore._engine.lifecycle import TICK
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
-from easycore.errors import PoolClosedError, WorkerDiedError
+from easycore.errors import PoolClosedError, SerializationError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
-from easycore.parallel.job import _Job, task_error, unsendable_error
+from easycore.parallel.job import _Job, broken_transfer, task_error, unsendable_error
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import _TaskHooks
 
@@ -43,6 +44,10 @@ def _for_pool(e: BaseException) -> BaseException:
         return e.then(
             "Every pending call and future of the pool failed; its next call restarts the workers"
         )
+    if isinstance(e, SerializationError) and not isinstance(e, BrokenProcessPool):
+        # The stream broke on something that could not be unpickled (results in the
+        # caller): what the stdlib's executor calls a broken pool.
+        return broken_transfer(f"{e}. Every pending call and future of the pool failed", e)
     return e
 
 

@@ -142,7 +142,12 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
     try:
         seed = _ITEM_SEED
         if mode == _TASK:
-            f, args, kwargs = pickle.loads(arg)
+            try:
+                f, args, kwargs = pickle.loads(arg)
+            except Interrupted:
+                raise
+            except BaseException as e:  # noqa: BLE001 - SystemExit too: this task's error
+                return job, index, False, error_report("task", device, None, e, "unpickle_task")
             if seed is not None:
                 seed_for_item(seed, index, 0)  # a task's id is never a job's
             if _TASK_LIMIT is not None:
