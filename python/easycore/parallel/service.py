@@ -113,7 +113,7 @@ class StreamService:
             runner.activate()  # after a failure: restart the workers for new work
             feed = Feed(self, generation)
             call = Call(
-                runner,
+                runner.stream_host(),
                 feed,
                 False,
                 None,
