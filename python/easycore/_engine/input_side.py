@@ -6,13 +6,15 @@ measured cost; packing, pickling and sending them through the transport, never b
 
 What the receiving side uses, its whole interface:
 
-* to run the input: :meth:`InputSide.start_reader`, :meth:`~InputSide.send_available`
+* to run the input: :meth:`InputSide.start_reader` (with ``reader.read_runs``, the input
+  thread's body), :meth:`~InputSide.send_available`
   (under ``send_lock``), :meth:`~InputSide.reads_direct` and :meth:`~InputSide.read_one`
   (it reads the input itself), :meth:`~InputSide.receiver_sleeps` and
   :meth:`~InputSide.receiver_woke` around each wait for results, :meth:`~InputSide.stop`,
   :meth:`~InputSide.join_reader`;
 * to account: :meth:`~InputSide.result_received` (one per result message, giving the input
-  items it stands for), :meth:`~InputSide.delivered_chunk`, :meth:`~InputSide.batch_size`;
+  items it stands for), :meth:`~InputSide.delivered_chunk`, and ``sizing``
+  (``batching.Sizing``: the batch size the producers' cost is weighed by);
 * to decide: :meth:`~InputSide.input_over`, :meth:`~InputSide.drained`, and the fields
   ``dispatched``, ``delivered``, ``last_progress``, ``input_error``, ``send_error``,
   ``abort``, ``reader``, ``direct_total`` (each written where its comment says).
@@ -149,6 +151,20 @@ class InputSide:
 
     # ----- the receiving side's interface (besides sending and reading directly) -----
 
+    def start_reader(
+        self, body: Callable[[InputSide], None], threads: list[threading.Thread]
+    ) -> None:
+        """Starts the input thread, ``body(self)`` (``reader.read_runs``), where the input
+        is an iterator read ahead, adding it to the call's ``threads`` first (a call its
+        input makes on the runner is then seen as one from inside the call)."""
+        if self.it is None or not self.read_ahead:
+            return
+        self.reader = threading.Thread(
+            target=body, args=(self,), name="easycore-input", daemon=True
+        )
+        threads.append(self.reader)
+        self.reader.start()
+
     def receiver_sleeps(self) -> bool:
         """The receiving thread is about to sleep on the output queue: it says so (the
         reader then sends, or wakes it, as each item comes while a producer may be idle) and
@@ -205,7 +221,7 @@ class InputSide:
         if reader is not None and reader is not threading.current_thread():
             reader.join(TICK)
 
-    # ----- reading (a helper thread, for inputs other than range/list/tuple) -----
+    # ----- reading: in the receiving thread, and what the input thread calls -----
 
     def wake_reader(self) -> None:
         """The reader may wait for room: wake it (room was made)."""

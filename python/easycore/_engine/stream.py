@@ -215,12 +215,7 @@ class Call:
                 raise
         if self.progress:
             self.bar = progress_bar(self.progress, self.total, self.host.name)
-        if inp.it is not None and inp.read_ahead:
-            inp.reader = threading.Thread(
-                target=reader.read_runs, args=(inp,), name="easycore-input", daemon=True
-            )
-            self.threads.append(inp.reader)
-            inp.reader.start()
+        inp.start_reader(reader.read_runs, self.threads)
 
     # ----- receiving -----
 

@@ -1,7 +1,7 @@
 """The transport: how a stream reaches the producers of an active runner (:class:`Transport`),
 with the shutdown sequence every transport shares; its local implementation over two
 shared-memory queues and producer processes (:class:`LocalWorkers`). The Ray backend's
-actors are the other implementation (``easycore.ray._backend.RayWorkers``).
+actors are the other implementation (``easycore.ray._workers.RayWorkers``).
 
 A transport sends batches (:meth:`~Transport.send`, never blocking: ``QueueFull`` when the
 producers have enough), receives results and error reports (:meth:`~Transport.receive`),
