@@ -186,8 +186,6 @@ class Call:
         """Drops the sent input from the input side's buffer (the pool, between streams)."""
         self.input.compact()
 
-    _compact = compact  # the pool's stream calls it by this name too
-
     def stop(self) -> None:
         """Tells the reader and the receiver to stop (any thread)."""
         self.input.stop()

@@ -170,7 +170,7 @@ class StreamService:
         arguments are not kept alive while the pool idles."""
         call = self._call
         if call is not None:
-            call._compact()
+            call.compact()
 
     def _stream_drained(self) -> bool:
         """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
