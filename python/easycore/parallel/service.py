@@ -133,7 +133,7 @@ class StreamService:
     @property
     def owner_pid(self) -> int:
         """int: the process that made the pool (a forked child must not use it)."""
-        return self.runner._owner_pid
+        return self.runner.owner_pid
 
     @property
     def stats(self) -> RunnerStats:
@@ -164,7 +164,7 @@ class StreamService:
     def stop_workers(self, interrupt: bool) -> None:
         """Stops the workers (interrupting busy ones with ``interrupt``); the next stream
         starts new ones."""
-        self.runner._shutdown(interrupt=interrupt)
+        self.runner.stop_producers(interrupt)
 
     # ----- the stream (service thread) -----
 
@@ -178,7 +178,7 @@ class StreamService:
             runner.activate()  # after a failure: restart the workers for new work
             feed = Feed(scheduler, generation)
             call = Call(
-                runner,
+                runner.stream_host(),
                 feed,
                 False,
                 None,
@@ -347,8 +347,7 @@ class StreamService:
     def worker_died(self) -> bool:
         """Whether a worker of the stream has died, or the workers were already stopped (the
         stream failed: its receiver saw the death first). The feed asks before taking work."""
-        workers = self.runner._workers
-        return workers is None or workers.closed or workers.exited()
+        return self.runner.producer_died()
 
     def drained(self) -> bool:
         """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
@@ -361,7 +360,7 @@ class StreamService:
         arguments are not kept alive while the pool idles."""
         call = self.call
         if call is not None:
-            call._compact()
+            call.compact()
 
     def auto_chunk(self, job: _Job) -> int:
         """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done."""
