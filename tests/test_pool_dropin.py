@@ -415,3 +415,42 @@ def test_a_task_that_does_not_pickle_fails_its_future_with_the_picklers_error() 
         assert type(ei.value) is pickle.PicklingError
         assert "cannot be sent to the workers" in "".join(ei.value.__notes__)
         assert ex.submit(pd.square, 4).result(timeout=60) == 16
+
+
+@pytest.mark.parametrize("case", ["exit", "atexit-submit"])
+def test_interpreter_exit_finishes_a_task_and_refuses_one_from_an_exit_hook(case: str) -> None:
+    # CPython's test_interpreter_shutdown and test_submit_after_interpreter_shutdown, run on
+    # PoolExecutor itself (through the conformance adapter they cannot be: their fresh
+    # interpreter imports the executor by name from concurrent.futures).
+    import subprocess
+
+    head = f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+    if case == "exit":
+        script = head + (
+            "import time, pool_defs as pd\n"
+            "from easycore.parallel import PoolExecutor\n"
+            "t = PoolExecutor(5, start_method='fork')\n"
+            "t.submit(pd.nap, 'apple', 1.0).add_done_callback(lambda f: print(f.result()))\n"
+        )
+    else:
+        script = head + (
+            "import atexit\n"
+            "@atexit.register\n"
+            "def run_last():\n"
+            "    try:\n"
+            "        t.submit(id, None)\n"
+            "    except RuntimeError:\n"
+            "        print('runtime-error')\n"
+            "        raise\n"
+            "from easycore.parallel import PoolExecutor\n"
+            "t = PoolExecutor(5, start_method='fork')\n"
+            "assert t.submit(abs, -42).result() == 42\n"
+        )
+    proc = subprocess.run([sys.executable, "-c", script], timeout=90, capture_output=True)
+    out, err = proc.stdout.decode().strip(), proc.stderr.decode()
+    assert proc.returncode == 0, err[-2000:]
+    if case == "exit":
+        assert out == "apple" and not err, err[-2000:]
+    else:
+        assert out == "runtime-error"
+        assert "RuntimeError: cannot schedule new futures" in err

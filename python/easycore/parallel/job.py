@@ -76,9 +76,17 @@ def task_error(report: dict[str, Any], cause: type = RemoteTraceback) -> BaseExc
 
 def unsendable_error(error: BaseException, first: int, items: Sequence[Any]) -> BaseException:
     """The exception a ``map``/``imap`` caller gets for input items ``first``… (a chunk)
-    that could not be pickled: the pickler's own exception (its type, as the stdlib's pools
-    raise it), with the input index of the culprit as ``item`` and a note naming it."""
-    k = next((i for i, x in enumerate(items) if not _pickles(x)), 0)
+    that could not be pickled: the pickler's own exception for the culprit (its type, as the
+    stdlib's pools raise it; ``error``, the chunk's, if no single item fails alone), with
+    the culprit's input index as ``item`` and a note naming it."""
+    k = 0
+    for k, x in enumerate(items):  # noqa: B007 - k is the culprit's position after the loop
+        own = _pickle_error(x)
+        if own is not None:
+            error = own
+            break
+    else:
+        k = 0
     if not hasattr(error, "item"):
         try:
             error.item = first + k  # type: ignore[attr-defined]
@@ -94,12 +102,19 @@ def unsendable_error(error: BaseException, first: int, items: Sequence[Any]) -> 
     return error
 
 
-def _pickles(x: Any) -> bool:
+def _pickle_error(x: Any) -> BaseException | None:
+    """None if ``x`` can travel (by plain pickle, or by value with cloudpickle), else plain
+    pickle's exception for it."""
     try:
         pickle.dumps(x, protocol=5)
-    except Exception:  # noqa: BLE001 - any failure means no
-        return False
-    return True
+    except Exception as e:  # noqa: BLE001 - any failure means: try cloudpickle
+        try:
+            import cloudpickle
+
+            cloudpickle.dumps(x, protocol=5)
+        except Exception:  # noqa: BLE001 - any failure means it cannot travel
+            return e
+    return None
 
 
 def _length(iterable: Iterable[Any]) -> int | None:
