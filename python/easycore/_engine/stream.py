@@ -42,6 +42,7 @@ from easycore._core import ReorderBuffer
 from easycore._engine import producer as _producer
 from easycore._engine import wire
 from easycore._engine.input_side import _PROBE_FIRST, InputOwner, InputSide, RunSource, _Flag
+from easycore._engine.insights import merge_slow, started
 from easycore._engine.lifecycle import TICK
 from easycore._engine.reports import call_hook, hook_error, worker_error
 from easycore._engine.runs import IteratorRuns
@@ -260,6 +261,8 @@ class Call(InputSide):
             producer_busy_s={i: 0.0 for i in range(self.n)},
             producer_wait_s={i: 0.0 for i in range(self.n)},
             producer_items={i: 0 for i in range(self.n)},
+            producer_start_s=started(self.workers, "start_s"),
+            producer_init_s=started(self.workers, "init_s"),
         )
         self.progress = progress
         self.bar: Any = None  # a tqdm bar (progress=True)
@@ -397,7 +400,9 @@ class Call(InputSide):
             self.last_progress = time.monotonic()
             nb = wire.nbytes(parts)
             self.stats.bytes_out += nb
-            first, results, wi, busy, wait = self.codec.loads(parts)
+            first, results, wi, busy, wait, slow = self.codec.loads(parts)
+            if slow is not None:
+                merge_slow(self.stats, wi, slow)
             self.results_in += 1
             del parts
             count = self.packed_counts.pop(seq, None) or len(results)
@@ -611,6 +616,7 @@ class Call(InputSide):
             producer_busy_s=dict(self.stats.producer_busy_s),
             producer_wait_s=dict(self.stats.producer_wait_s),
             producer_items=dict(self.stats.producer_items),
+            slowest=list(self.stats.slowest),
         )
         self._fill_stats(s)
         return s

@@ -14,11 +14,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from easycore._engine import wire
-from easycore._engine.producer import Interrupted, seed_for_item
+from easycore._engine.producer import Interrupted, seed_for_item, worker_info
 from easycore._engine.reports import error_report, not_picklable_report
 from easycore.common.parallel import engine
 from easycore.parallel.feed import _ONE, _TASK, _WorkItem, _WorkResult
 from easycore.parallel.functions import _ByValue, _load_by_value, by_cloudpickle
+from easycore.parallel.hardstop import bind, limited, slots
+from easycore.parallel.slowest import describe_batch
 
 _CONTEXT: Any = None
 _CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
@@ -83,7 +85,9 @@ class _Setup:
         item_seed: int | None = None,
         worker_exit: Any = None,
         task_timeout: float | None = None,
+        stuck_slots: Any = None,
     ) -> None:
+        self.stuck_slots = stuck_slots
         self.codec = codec
         self.abandoned = abandoned
         self.worker_exit = worker_exit
@@ -101,6 +105,8 @@ class _Setup:
         if self.task_timeout is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGALRM, _on_alarm)  # a worker process of its own: ours
             _TASK_LIMIT = self.task_timeout
+            info = worker_info()
+            bind(self.stuck_slots, info.index if info is not None else 0)
         _EXIT = self.worker_exit
         if isinstance(_EXIT, _ByValue):  # not pickled on the way (fork)
             _EXIT = _load_by_value(_EXIT.key, _EXIT.blob)
@@ -146,7 +152,7 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
             if seed is not None:
                 seed_for_item(seed, index, 0)  # a task's id is never a job's
             if _TASK_LIMIT is not None:
-                value = _limited(_TASK_LIMIT, f, *args, **kwargs)
+                value = limited(_TASK_LIMIT, 0, index, f, args, kwargs)
             else:
                 value = f(*args, **kwargs)
             try:
@@ -184,7 +190,7 @@ def _run_each(fn: Any, arg: list[Any], mode: int, job: int, index: int, out: lis
         if seed is not None:
             seed_for_item(seed, job, index + k)
         args = (x,) if mode == _ONE else x
-        out.append(fn(*args) if limit is None else _limited(limit, fn, *args))
+        out.append(fn(*args) if limit is None else limited(limit, job, index + k, fn, args, {}))
 
 
 class _TaskTimeout(TimeoutError):
@@ -193,16 +199,6 @@ class _TaskTimeout(TimeoutError):
 
 def _on_alarm(signum: int, frame: Any) -> None:
     raise _TaskTimeout("the task ran longer than the pool's task_timeout and was stopped")
-
-
-def _limited(limit: float, f: Any, *args: Any, **kwargs: Any) -> Any:
-    """``f(*args, **kwargs)``, stopped by a ``TimeoutError`` raised inside it after ``limit``
-    seconds (a SIGALRM timer of this worker process)."""
-    signal.setitimer(signal.ITIMER_REAL, limit)
-    try:
-        return f(*args, **kwargs)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_WorkResult | None]:
@@ -297,19 +293,32 @@ class _TaskHooks(_RunnerBase):
         self._worker_exit = worker_exit
         self._task_timeout = task_timeout
         self._on_unsendable = on_unsendable
+        # Where each worker says which task it runs since when (see hardstop.py); made with
+        # the first workers, for local ones with a task_timeout.
+        self.stuck_slots: Any = None
+        self._hard_stop = task_timeout is not None and kwargs.get("backend") in (None, "local")
         super().__init__(devices, **kwargs)
 
     def _producer_setup(self, n_producers: int) -> _Setup:
         base = super()._producer_setup(n_producers)
         seed = self.seed if self._item_seeds else None
+        if self._hard_stop and self.stuck_slots is None:
+            self.stuck_slots = slots(n_producers)
         return _Setup(
-            base, *self._pool_init, self._codec(), seed, self._worker_exit, self._task_timeout
+            base,
+            *self._pool_init,
+            self._codec(),
+            seed,
+            self._worker_exit,
+            self._task_timeout,
+            self.stuck_slots,
         )
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
     producer_end = staticmethod(_run_exit)
     _fix_unsendable = staticmethod(_fix_unsendable)
+    _describe_batch = staticmethod(describe_batch)
 
     def _drop_unsendable(
         self, items: list[_WorkItem], first: int, error: Exception
