@@ -17,14 +17,6 @@ PARALLEL = ROOT / "parallel"
 
 # (module, attribute): why the access is unavoidable here.
 ALLOWED = {
-    ("service.py", "_shutdown"): "the engine's runner has no public way to stop its producers "
-    "at once (interrupting busy ones) and stay usable; close() waits for them",
-    ("service.py", "_workers"): "the engine's runner does not say publicly whether a producer "
-    "died; the feed asks before it takes more work",
-    ("service.py", "_compact"): "the engine's stream has no public way to drop the input it "
-    "has sent; the pool does so before its feed idles",
-    ("service.py", "_owner_pid"): "the engine's runner does not say publicly which process "
-    "owns it; a forked child must not use its parent's pool",
     ("executor.py", "_for_executor"): "PoolExecutor makes its own pool behave as the stdlib's "
     "executor (no ResourceWarning, concurrent.futures' RemoteTraceback), which no public "
     "Pool argument offers",

@@ -141,13 +141,13 @@ def test_single_items_after_chunks_are_batched_by_their_own_cost():
     # relearned. The learned figures are timings, so they are set here, not measured.
     with Pool(2) as p:
         assert p.map(pd.square, range(100_000)) == [i * i for i in range(100_000)]
-        call = p._stream.call
-        call.runner._cost_per_item = 2e-3  # per item sent: a chunk of 2 ms
+        sizing = p._stream.call.input.sizing
+        sizing.learned.cost_per_item = 2e-3  # per item sent: a chunk of 2 ms
         p._stream.item_cost = 1e-7  # per value
-        call.bytes_per_item = call.runner._out_bytes_per_item = 16.0  # small ints
+        sizing.bytes_per_item = sizing.learned.out_bytes_per_item = 16.0  # small ints
         # 4 ms batches of 0.1 µs values: as many as a batch may hold (sized by the chunk's
         # cost, 2 values).
-        assert call._batch_size() == call.max_batch >= 64, call._batch_size()
+        assert sizing.batch_size() == sizing.max_batch >= 64, sizing.batch_size()
         n = 20_000
         assert sum(p.imap_unordered(pd.square, iter(range(n)))) == sum(i * i for i in range(n))
 

@@ -49,15 +49,24 @@ class SlowTask:
         return f"{_secs(self.seconds)}  {what} (producer {self.producer})"
 
 
+# In a producer: the runner's label for a batch's items (see describe_batches_with), or None.
+_DESCRIBE: list[Callable[[list[Any]], str | None] | None] = [None]
+
+
+def describe_batches_with(describe: Callable[[list[Any]], str | None] | None) -> None:
+    """In a producer (its set-up): ``describe(items)`` labels each slow batch of this process
+    (the pool names the call and items, or the task); None: no label."""
+    _DESCRIBE[0] = describe
+
+
 class SlowBatches:
     """A producer's slowest batches of the call being run: :meth:`note` is called once per
     batch, and returns what to send to the caller (a batch that entered the top
     ``SLOWEST``), else None."""
 
-    def __init__(self, describe: Callable[[list[Any]], str | None] | None = None) -> None:
+    def __init__(self) -> None:
         self.call = 0
         self.heap: list[float] = []  # the call's slowest durations so far (a min-heap)
-        self.describe = describe  # the runner's label for a batch's items, or None
 
     def note(
         self, call: int, seconds: float, first: int, items: list[Any]
@@ -74,9 +83,10 @@ class SlowBatches:
         else:
             return None
         label = None
-        if self.describe is not None:
+        describe = _DESCRIBE[0]
+        if describe is not None:
             try:
-                label = self.describe(items)
+                label = describe(items)
             except Exception:  # noqa: BLE001 - a label is a nicety, never an error
                 label = None
         return seconds, first, len(items), label

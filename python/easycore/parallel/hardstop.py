@@ -49,8 +49,9 @@ _NO_SEQ = 1 << 62  # the sequence number of the message that stands for a killed
 _SLOT: list[Any] = [None, 0]  # the slots (int64 view), this worker's offset
 
 
-def slots(n_workers: int) -> Any:
-    """A new array of slots in shared memory that forked and spawned workers see."""
+def slots(n_workers: int = 1024) -> Any:
+    """A new array of slots in shared memory that forked and spawned workers see (by
+    default for 1024 workers, the most processes a queue serves: 24 KiB)."""
     import multiprocessing
 
     return multiprocessing.RawArray("q", _FIELDS * n_workers)
@@ -151,7 +152,8 @@ class StuckWatch:
             if service is None or (service.thread is not None and not service.thread.is_alive()):
                 return
             now = time.monotonic_ns()
-            for w in range(len(view) // _FIELDS):
+            procs = getattr(service.runner.producers(), "procs", ())
+            for w in range(min(len(procs), len(view) // _FIELDS)):
                 since = view[_FIELDS * w + _SINCE]
                 if since and now - since > late_ns:
                     self._give_up(service, w, since)
@@ -167,7 +169,7 @@ class StuckWatch:
         and grace: see the module."""
         view, me = self.view, _FIELDS * w
         call = service.call
-        workers = service.workers()
+        workers = service.runner.producers()
         procs = getattr(workers, "procs", None)
         if call is None or procs is None or w >= len(procs) or workers.closed:
             return
@@ -194,7 +196,7 @@ class StuckWatch:
         # to the pool (sent again by the next stream), so the stream ends once the other
         # workers are done with their batches; its workers are then replaced (the stopped
         # one killed first: StreamService.stop_workers).
-        feed = call.runs
+        feed = call.input.runs
         if isinstance(feed, Feed):
             feed.recycled = True
         service.scheduler.end_generation_if(lambda _feed_waiting: True)
@@ -204,7 +206,7 @@ class StuckWatch:
     def _hand_back(self, service: StreamService, call: Any) -> None:
         """Takes the batches of the ending stream that no worker took yet, gives their work
         items back to the pool and answers each with an empty result."""
-        workers = service.workers()
+        workers = service.runner.producers()
         if workers is None or workers.closed:
             return
         try:

@@ -46,8 +46,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
+import easycore.parallel.calls as calls
 from easycore.errors import SerializationError
-from easycore.parallel import calls
 from easycore.parallel.feed import _ONE, _STAR
 from easycore.parallel.functions import pickle_args, portable
 from easycore.parallel.poolbase import _keep, _PoolBase

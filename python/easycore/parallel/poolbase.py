@@ -23,12 +23,12 @@ from concurrent.futures import Future
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any
 
+import easycore.parallel.calls as calls
 from easycore._engine import lifecycle
 from easycore._engine.lifecycle import Stage
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import progress_bar
 from easycore.errors import EasycoreError, InvalidArgument, PoolClosedError
-from easycore.parallel import calls
 from easycore.parallel.functions import Bodies, portable
 from easycore.parallel.job import _Job
 from easycore.parallel.schedule import Scheduler

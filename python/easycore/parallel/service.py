@@ -134,17 +134,13 @@ class StreamService:
     @property
     def owner_pid(self) -> int:
         """int: the process that made the pool (a forked child must not use it)."""
-        return self.runner._owner_pid
+        return self.runner.owner_pid
 
     @property
     def stats(self) -> RunnerStats:
         """The current stream's figures so far, else the runner's last."""
         call = self.call
         return call.stats_now() if call is not None else self.runner.stats
-
-    def workers(self) -> Any:
-        """The engine's transport of the current workers (None: stopped)."""
-        return self.runner._workers
 
     def in_service_thread(self) -> bool:
         """Whether the calling thread is the service thread (a future's done-callback)."""
@@ -170,7 +166,7 @@ class StreamService:
         """Stops the workers (interrupting busy ones with ``interrupt``); the next stream
         starts new ones."""
         kill_doomed(self.doomed)
-        self.runner._shutdown(interrupt=interrupt)
+        self.runner.stop_producers(interrupt)
 
     # ----- the stream (service thread) -----
 
@@ -184,7 +180,7 @@ class StreamService:
             runner.activate()  # after a failure: restart the workers for new work
             feed = Feed(scheduler, generation)
             call = Call(
-                runner,
+                runner.stream_host(),
                 feed,
                 False,
                 None,
@@ -194,7 +190,7 @@ class StreamService:
                 runs=feed,
             )
             if self.watch is not None:
-                call.max_batch = 1  # a batch lost with a killed worker holds one work item
+                call.input.sizing.max_batch = 1  # a killed worker loses one work item
             self.call = call
             scheduler.begin_stream(feed)
             self._n_results = 0
@@ -356,8 +352,7 @@ class StreamService:
     def worker_died(self) -> bool:
         """Whether a worker of the stream has died, or the workers were already stopped (the
         stream failed: its receiver saw the death first). The feed asks before taking work."""
-        workers = self.runner._workers
-        return workers is None or workers.closed or workers.exited()
+        return self.runner.producer_died()
 
     def drained(self) -> bool:
         """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
@@ -370,7 +365,7 @@ class StreamService:
         arguments are not kept alive while the pool idles."""
         call = self.call
         if call is not None:
-            call._compact()
+            call.compact()
 
     def auto_chunk(self, job: _Job) -> int:
         """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done."""
