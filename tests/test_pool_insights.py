@@ -43,8 +43,9 @@ def test_pool_stats_give_start_up_init_and_the_slowest_tasks():
     slowest = s.slowest
     assert 2 <= len(slowest) <= 5
     assert [e.seconds for e in slowest] == sorted((e.seconds for e in slowest), reverse=True)
-    assert slowest[0].seconds >= 0.6 and _covers(slowest[0].label or "", None, 7)
-    assert slowest[1].seconds >= 0.4 and (slowest[1].label or "").startswith("task (call ")
+    assert slowest[0].seconds >= 0.6
+    assert any(e.seconds >= 0.6 and _covers(e.label or "", None, 7) for e in slowest)
+    assert any(e.seconds >= 0.4 and (e.label or "").startswith("task (call ") for e in slowest)
     text = s.summary()
     for word in ("start-up", "init", "in tasks", "slowest", "bottleneck"):
         assert word in text
