@@ -73,13 +73,17 @@ def test_a_task_stuck_in_c_is_stopped_by_killing_its_worker_and_fails_alone(meth
     try:
         stuck = pool.submit(pd.stuck_in_c, 1)  # blocks SIGALRM: the timer cannot stop it
         others = [pool.submit(pd.nap, i, 0.2) for i in range(8)]
-        squares = pool.imap(pd.square, range(100), chunksize=1)  # a call going on meanwhile
+        # A call going on meanwhile (lambdas as its function and in its arguments): what it
+        # queued that no worker took yet when the stuck worker is killed is sent again.
+        k = 3
+        calls = [(lambda i=i: i) for i in range(200)]
+        going = pool.imap(lambda f: pd.nap(f(), 0.01) + k, calls, chunksize=1)
         with pytest.raises(PoolTimeoutError) as info:
             stuck.result(timeout=60)
         assert isinstance(info.value, TimeoutError) and "task_timeout" in str(info.value)
         pid = int(re.search(r"pid (\d+)", str(info.value))[1])
         assert [f.result(timeout=60) for f in others] == list(range(8))
-        assert list(squares) == [x * x for x in range(100)]
+        assert list(going) == [i + k for i in range(200)]
         # A map whose items all get stuck (both workers at once) fails alone too.
         with pytest.raises(PoolTimeoutError):
             pool.map(pd.stuck_in_c, [0, 1, 2, 3], chunksize=1)

@@ -40,12 +40,10 @@ class SlowTask:
 
     def __str__(self) -> str:
         what = self.label
-        if what is None:
-            what = (
-                f"item {self.item}"
-                if self.count <= 1
-                else (f"items {self.item}..{self.item + self.count - 1}")
-            )
+        if what is None and self.count <= 1:
+            what = f"item {self.item}"
+        elif what is None:
+            what = f"items {self.item}..{self.item + self.count - 1}"
         return f"{_secs(self.seconds)}  {what} (producer {self.producer})"
 
 

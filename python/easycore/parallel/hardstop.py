@@ -29,11 +29,13 @@ import time
 import weakref
 from collections.abc import Callable
 from concurrent.futures import InvalidStateError
+from itertools import repeat
 from typing import Any
 
 from easycore._engine import wire
 from easycore.errors import PoolTimeoutError, QueueClosed, QueueEmpty
 from easycore.parallel.feed import Feed
+from easycore.parallel.functions import by_cloudpickle
 
 # ``service``: the pool's ``StreamService`` (service.py imports this module).
 StreamService = Any
@@ -151,18 +153,25 @@ class StuckWatch:
             service = self.service()
             if service is None or (service.thread is not None and not service.thread.is_alive()):
                 return
-            now = time.monotonic_ns()
-            procs = getattr(service.runner.producers(), "procs", ())
-            for w in range(min(len(procs), len(view) // _FIELDS)):
-                since = view[_FIELDS * w + _SINCE]
-                if since and now - since > late_ns:
-                    self._give_up(service, w, since)
-            if self.ending is not None:
-                if service.call is self.ending:
-                    self._hand_back(service, self.ending)
-                else:
-                    self.ending = None  # that stream is over
+            try:
+                self._look(service, view, late_ns)
+            except Exception:  # noqa: BLE001, S110 - the stream failed meanwhile (its queues
+                pass  # closed): the pool fails or restarts it; the watch goes on
             del service
+
+    def _look(self, service: StreamService, view: Any, late_ns: int) -> None:
+        """One look at the slots, and at the stream that ends for a stuck worker."""
+        now = time.monotonic_ns()
+        procs = getattr(service.runner.producers(), "procs", ())
+        for w in range(min(len(procs), len(view) // _FIELDS)):
+            since = view[_FIELDS * w + _SINCE]
+            if since and now - since > late_ns:
+                self._give_up(service, w, since)
+        if self.ending is not None:
+            if service.call is self.ending:
+                self._hand_back(service, self.ending)
+            else:
+                self.ending = None  # that stream is over
 
     def _give_up(self, service: StreamService, w: int, since: int) -> None:
         """Worker ``w`` has run the task in its slot (begun at ``since``) past its timeout
@@ -213,16 +222,38 @@ class StuckWatch:
             msgs = workers.in_q.get_many(1024, block=False)
         except (QueueEmpty, QueueClosed):
             return
+        scheduler = service.scheduler
         for seq, kind, parts in msgs:
             t, c = wire.unpack_kind(kind)
             if t != wire.WORK or c != call.call:
                 continue
             first, items = call.codec.loads(parts)
-            # Copied in band: the items must outlive this stream's queues.
-            items = pickle.loads(pickle.dumps(items, protocol=5))
             del parts
-            service.scheduler.resend([w for w in items if w is not None])
+            scheduler.resend([r for r in map(_again, items, repeat(scheduler)) if r is not None])
             _put_empty(workers, call, seq, first, len(items), 0)
+
+
+def _again(item: Any, scheduler: Any) -> Any:
+    """A work item taken back from the queue, made to be sent again (None: not to be). A
+    task's travels as it came (its function and arguments are one pickle); a chunk of a call
+    gets the call's function as the call sent it, and its arguments copied in band (they
+    must outlive this stream's queues), by value where plain pickle cannot (a lambda among
+    them); a chunk of a call that ended is dropped."""
+    if item is None or item[0] == 0:
+        return item
+    jid, index, _fn, arg, mode = item
+    job = scheduler.jobs().get(jid)
+    if job is None or job.closed:
+        return None
+    try:
+        arg = pickle.loads(pickle.dumps(arg, protocol=5))
+    except Exception:  # noqa: BLE001 - what plain pickle cannot send, cloudpickle does
+        try:
+            arg = by_cloudpickle(arg)
+        except Exception as e:  # noqa: BLE001 - reported to the call
+            job.fail(e)
+            return None
+    return jid, index, job.fn, arg, mode
 
 
 def _put_empty(workers: Any, call: Any, seq: int, first: int, n: int, w: int) -> bool:
