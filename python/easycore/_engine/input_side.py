@@ -403,8 +403,10 @@ class InputSide:
         # cached. With the whole budget in flight, 1 MiB results took 191 MiB of segments
         # in turn and came 1.5x slower (2-core VM, 32 MiB L3).
         cached = max(int(_CACHED_INFLIGHT_BYTES / largest), _CACHED_MIN_PER_PRODUCER * self.n)
-        pooled = leases.results_in_flight(getattr(self.workers, "out_q", None), int(largest), self.n)
-        return max(1, min(window, by_bytes, cached, pooled or window))
+        # And no more than the output pool has segments for (none: Ray's transport).
+        out_q = getattr(self.workers, "out_q", None)
+        pooled = leases.results_in_flight(out_q, int(largest), self.n) or window
+        return max(1, min(window, by_bytes, cached, pooled))
 
     def _next_items(self) -> Any:
         """The next batch's items (what the window and the buffer allow), or None."""
