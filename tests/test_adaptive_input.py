@@ -232,6 +232,7 @@ def test_large_results_keep_about_a_cache_in_flight(result_bytes, expected):
         runner=SimpleNamespace(_out_bytes_per_item=float(result_bytes)),
         max_inflight_bytes=192 << 20,
         _batch_size=lambda: 1,
+        workers=SimpleNamespace(),  # no output pool here: test_result_segments.py has one
     )
     assert InputSide._window_now(call) == expected  # type: ignore[arg-type]
 

@@ -58,3 +58,34 @@ def test_results_in_flight_fit_the_pool(nbytes):
     finally:
         q.close()
         q.unlink()
+
+
+@pytest.mark.parametrize(
+    ("result_bytes", "expected"),
+    [
+        (1 << 20, 48),  # 1 MiB: the cache bound (about 48 MiB in flight)
+        (16 << 20, 9),  # 16 MiB: eleven segments fit the 192 MiB pool, less two held
+        (64 << 20, 2),  # 64 MiB: one per producer
+    ],
+)
+def test_the_window_holds_what_the_output_pool_has_segments_for(result_bytes, expected):
+    from types import SimpleNamespace
+
+    from easycore._engine.input_side import InputSide
+
+    q = Queue(capacity_bytes=1 << 20, side_budget=96 << 20)  # a pool of 192 MiB
+    try:
+        call = SimpleNamespace(
+            window=10_000,
+            window_floor=10_000,
+            n=2,
+            bytes_per_item=0.0,
+            runner=SimpleNamespace(_out_bytes_per_item=float(result_bytes)),
+            max_inflight_bytes=192 << 20,
+            _batch_size=lambda: 1,
+            workers=SimpleNamespace(out_q=q),
+        )
+        assert InputSide._window_now(call) == expected  # type: ignore[arg-type]
+    finally:
+        q.close()
+        q.unlink()
