@@ -71,11 +71,11 @@ def results_in_flight(q: Queue | None, nbytes: int, producers: int) -> int | Non
     consumer still holds after delivery; at least one per producer. None: no bound (no queue,
     or results small enough to travel in the ring).
 
-    Without this bound a stream kept more large results in flight than the pool holds (its
-    byte bound does not count the pool's rounding nor the results the consumer still holds),
-    and each result that found the pool full was built in private memory, copied into a
-    one-shot segment and faulted in on both sides: 16 MiB results from ``easycore.shm.empty``
-    then ran at a third of their speed in the calls where that happened."""
+    A stream bounded by bytes alone keeps more large results in flight than the pool holds
+    (the byte bound counts neither the pool's rounding nor the results the consumer still
+    holds), and each result that finds the pool full is built in private memory, copied
+    into a one-shot segment and faulted in on both sides: 16 MiB results from
+    ``easycore.shm.empty`` ran at a third of their speed in the calls where that happened."""
     if q is None or nbytes < q.pool_min:
         return None
     cap = q.pool_bytes()[1]
