@@ -287,7 +287,13 @@ class Call:
                 ):
                     raise self._timeout_error()
                 continue
-            yield from self._take(msgs)
+            # Each chunk leaves this frame as it is yielded: results delivered must not stay
+            # referenced here (their segments held) while the next get_many waits.
+            ready = self._take(msgs)
+            msgs = None
+            ready.reverse()
+            while ready:
+                yield ready.pop()
 
     def _take(self, msgs: list[Any]) -> list[tuple[int, list[Any], int]]:
         out: list[tuple[int, list[Any], int]] = []
