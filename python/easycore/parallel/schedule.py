@@ -51,6 +51,13 @@ class StreamProbe(Protocol):
     def compact_input(self) -> None:
         """Frees the stream's input already sent (before the feed waits)."""
 
+    def input_coming(self) -> None:
+        """The feed took work, or the stream's input ended (a parked stream looks)."""
+
+    def round_trip(self, item: _WorkItem, job: _Job) -> bool:
+        """A caller sends ``item`` of ``job``, read by itself, and receives its result, if
+        the stream lets it; False: nothing was sent."""
+
     def auto_chunk(self, job: _Job) -> int:
         """The chunk size of a sliced job without a ``chunksize``."""
 
@@ -63,6 +70,9 @@ class Scheduler:
         # Submitted, not sent: (future, task id, pickle).
         self._tasks: collections.deque[tuple[Future[Any], int, bytes]] = collections.deque()
         self._running: dict[int, Future[Any]] = {}  # sent tasks by id
+        # Work items that a call's caller read itself but could not send (see calls.py):
+        # the feed sends them first.
+        self._direct: collections.deque[_WorkItem] = collections.deque()
         self._jobs: dict[int, _Job] = {}  # open map/imap calls by id
         self._ids = itertools.count(1)  # of tasks and jobs alike
         self._turn = 0  # the next job to take items from, round robin
@@ -108,6 +118,16 @@ class Scheduler:
     def tasks_per_stream(self) -> int:
         """int: tasks and items after which a stream ends (0: no bound)."""
         return self._tasks_per_stream
+
+    @property
+    def direct_ok(self) -> bool:
+        """bool: a caller may read its call's input itself (no ``maxtasksperchild``: the
+        feed counts every item of a stream)."""
+        return not self._tasks_per_stream
+
+    def any_direct(self) -> bool:
+        """Whether a caller reads its call's input itself (a guess, without the lock)."""
+        return any(job.direct for job in list(self._jobs.values()))
 
     @property
     def feed_waiting(self) -> bool:
@@ -157,6 +177,24 @@ class Scheduler:
         if feed is not None:
             feed.cut()
 
+    def want_input(self) -> None:
+        """A caller asks for its call's input (``_Job.wait_step``): the feed ends the segment
+        it reads, and hands the input over when it next looks for work."""
+        with self._cv:
+            self._cut()
+            self._cv.notify_all()
+
+    def send_direct(self, item: _WorkItem, job: _Job) -> None:
+        """``item`` of ``job``, read by its caller: sent and received by the caller if the
+        stream lets it (``StreamService.round_trip``), else queued for the feed, ahead of
+        everything."""
+        stream = self._stream
+        if stream is not None and stream.round_trip(item, job):
+            return
+        with self._cv:
+            self._direct.append(item)
+            self._cv.notify_all()
+
     def notify(self) -> None:
         """Wakes whoever waits for work (a job's caller made room, say)."""
         with self._cv:
@@ -202,10 +240,14 @@ class Scheduler:
         while."""
         idle_since: float | None = None
         tasks, running, window = self._tasks, self._running, self._task_window
+        direct = self._direct
         with self._cv:
             while True:
                 if generation != self._generation:
                     raise StopIteration
+                if direct:
+                    before_taking()
+                    return direct.popleft(), self._cuts
                 if tasks and len(running) < window:
                     before_taking()
                 while tasks and len(running) < window:
@@ -220,6 +262,8 @@ class Scheduler:
                     start = self._turn % len(order)
                     self._turn += 1
                     for job in order[start:] + order[:start]:
+                        if job.want_direct or job.direct:
+                            job.input_turn()  # handed to its caller, or taken back
                         if job.has_room():
                             before_taking()
                             return job, self._cuts
@@ -251,6 +295,12 @@ class Scheduler:
         if self._feed_waiting:
             with self._cv:
                 self._cv.notify_all()
+
+    def input_coming(self) -> None:
+        """The feed took work, or its input ended: a parked stream looks (see turn.py)."""
+        stream = self._stream
+        if stream is not None:
+            stream.input_coming()
 
     def worker_died(self) -> bool:
         """Whether a worker of the stream has died (the feed asks before it takes work)."""
@@ -311,6 +361,7 @@ class Scheduler:
             futures = list(self._running.values()) + [q[0] for q in self._tasks]
             self._running.clear()
             self._tasks.clear()
+            self._direct.clear()  # their jobs fail
             self._cut()
             self._cv.notify_all()
         return jobs, futures
@@ -330,7 +381,11 @@ class Scheduler:
     def _all_sent(self) -> bool:
         """Whether no task waits and every open job's input was read (or the job was
         abandoned): a closing pool's stream ends then."""
-        return not self._tasks and all(j.input_done or j.closed for j in self._jobs.values())
+        return (
+            not self._tasks
+            and not self._direct
+            and all(j.input_done or j.closed for j in self._jobs.values())
+        )
 
     def _cut(self) -> None:
         self._cuts += 1
