@@ -23,7 +23,7 @@ from easycore._engine.lifecycle import TICK
 from easycore._engine.reports import not_picklable_error
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
-from easycore.errors import PoolClosedError, WorkerDiedError
+from easycore.errors import PoolClosedError, RunnerClosedError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
 from easycore.parallel.job import _Job, task_error
 from easycore.parallel.schedule import Scheduler
@@ -298,11 +298,12 @@ class StreamService:
                 except StopIteration:
                     left = Left(ended=True)
                     break
-                except BaseException as e:  # the stream failed: the service thread says so
+                except Exception as e:  # the stream failed: the service thread says so
                     left = Left(error=e)
-                    if not isinstance(e, Exception):
-                        raise  # Ctrl-C reaches this caller too
                     break
+                except BaseException:  # Ctrl-C in this caller: it stops the pool
+                    left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
+                    raise
                 for r in results:
                     if r is None or r[0] != jid:
                         left = Left(handed=results)  # the service thread routes others'
