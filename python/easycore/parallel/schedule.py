@@ -127,7 +127,8 @@ class Scheduler:
 
     def any_direct(self) -> bool:
         """Whether a caller reads its call's input itself (a guess, without the lock)."""
-        return any(job.direct for job in list(self._jobs.values()))
+        jobs = self._jobs
+        return bool(jobs) and any(job.direct for job in list(jobs.values()))
 
     @property
     def feed_waiting(self) -> bool:

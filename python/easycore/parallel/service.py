@@ -253,12 +253,12 @@ class StreamService:
         scheduler = self.scheduler
         call = self.call
         return (
-            scheduler.direct_ok
-            and scheduler.feed_waiting
+            scheduler.feed_waiting
+            and scheduler.any_direct()
+            and scheduler.direct_ok
             and call is not None
             and not call.abort
             and call.drained()
-            and scheduler.any_direct()
         )
 
     def input_coming(self) -> None:
