@@ -218,3 +218,63 @@ def test_a_worker_killed_between_two_round_trips_fails_nothing():
             got.put(y)
         assert out == list(range(N))
         assert kills == 2
+
+
+def test_ctrl_c_while_the_caller_receives_leaves_no_orphans_or_shared_memory():
+    """Ctrl-C reaches a caller while it advances the stream itself (its item is on its way):
+    KeyboardInterrupt, the workers stopped, no shared memory left behind."""
+    import time
+
+    from ctrl_c import ctrl_c_after
+
+    out = ctrl_c_after(
+        """
+        import os, queue, time
+        from easycore.parallel import Pool
+
+        def slow_from_100(x):
+            if x >= 100:
+                time.sleep(600)
+            return x
+
+        if __name__ == "__main__":
+            p = Pool(1, start_method="fork", close_timeout=300)
+            print("pids", *[w.pid for w in p._stream.runner._workers.procs], flush=True)
+            print("me", os.getpid(), flush=True)
+            got = queue.Queue()
+
+            def gen():
+                for i in range(1000):
+                    if i:
+                        got.get(timeout=60)
+                    yield i
+
+            try:
+                for y in p.imap(slow_from_100, gen()):
+                    if y == 99:
+                        print("direct", p.stats.direct_items > 0, flush=True)
+                        print("started", flush=True)
+                    got.put(y)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+        """,
+        after="started",
+        limit=60,
+    )
+    assert "direct True" in out
+    assert "interrupted" in out
+    pids = [int(x) for x in out.split("pids", 1)[1].split("\n", 1)[0].split()]
+    me = out.split("me ", 1)[1].split()[0]
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(pid) for pid in pids)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"ec.{me}-")]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
