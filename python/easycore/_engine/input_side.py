@@ -474,19 +474,19 @@ class InputSide:
         return sent
 
     def send_direct(self, items: list[Any]) -> bool:
-        """Sends ``items``, work items that a thread other than the input thread read and
-        packed (the pool's request/response path: its caller read the item itself), as a
-        batch of their own, each standing for one input item, then what else is ready. False
-        (nothing sent) while another batch waits to be sent: they must go another way then.
-        Counted in ``direct_total``."""
+        """Makes ``items``, work items that a thread other than the input thread read and
+        packed (the pool's request/response path: its caller read the item itself), the next
+        batch, each standing for one input item: the receiving loop's next
+        :meth:`send_available` sends it first (the caller that advances the loop, at once).
+        False (nothing taken) while another batch waits to be sent: they must go another way
+        then. Counted in ``direct_total``."""
         with self.send_lock:
             if self.pending is not None or self.abort:
                 return False
             batch = self.encode(items, len(items), True)
             if batch is not None:
-                self.pending = batch  # sent first (or, if the queue is full, when room comes)
+                self.pending = batch
                 self.direct_total += len(items)
-            self.send_available()
         return True
 
     def drained(self) -> bool:
