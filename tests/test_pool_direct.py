@@ -96,11 +96,16 @@ def test_a_feedback_input_that_turns_fast_is_read_ahead_again():
 def test_submit_and_other_callers_interleave_with_a_direct_loop():
     got: queue.Queue[int] = queue.Queue()
     errors: list[BaseException] = []
+    callback_threads: list[str] = []
 
     def other_caller() -> None:
         try:
             for k in range(40):
-                assert p.submit(pd.square, k).result(timeout=60) == k * k
+                fut = p.submit(pd.square, k)
+                fut.add_done_callback(
+                    lambda _f: callback_threads.append(threading.current_thread().name)
+                )
+                assert fut.result(timeout=60) == k * k
                 assert p.map(pd.square, range(k)) == [x * x for x in range(k)]
         except BaseException as e:  # noqa: BLE001 - reported by the test's thread
             errors.append(e)
@@ -116,6 +121,9 @@ def test_submit_and_other_callers_interleave_with_a_direct_loop():
             got.put(y)
         t.join(120)
         assert not t.is_alive() and errors == []
+        # A task's result that a caller received in its round trip is routed by the service
+        # thread: callbacks run where they always do (or in the submitting thread, if done).
+        assert set(callback_threads) <= {"easycore-pool", t.name}
         assert out == list(range(N))
         assert p.stats.direct_items > 0
 
