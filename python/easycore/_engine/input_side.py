@@ -9,8 +9,8 @@ What the receiving side uses, its whole interface:
 * to run the input: :meth:`InputSide.start_reader` (with ``reader.read_runs``, the input
   thread's body), :meth:`~InputSide.send_available`
   (under ``send_lock``), :meth:`~InputSide.reads_direct` and :meth:`~InputSide.read_one`
-  (it reads the input itself), :meth:`~InputSide.send_direct` (another thread read and
-  packed work items: the pool's caller), :meth:`~InputSide.receiver_sleeps` and
+  (it reads the input itself), :meth:`~InputSide.send_direct` (the pool's caller read
+  them), :meth:`~InputSide.receiver_sleeps` and
   :meth:`~InputSide.receiver_woke` around each wait for results, :meth:`~InputSide.stop`,
   :meth:`~InputSide.join_reader`;
 * to account: :meth:`~InputSide.result_received` (one per result message, giving the input
@@ -419,9 +419,8 @@ class InputSide:
         return self.encode(items, count, pack is not None)
 
     def encode(self, items: list[Any], count: int, packed: bool) -> tuple[int, int, Any] | None:
-        """Under send_lock: ``items`` pickled as the next batch, ``(seq, count, parts)``
-        (``count``: the input items they stand for; ``packed``: work items made by ``pack``,
-        whose number a dropped item must not change), or None if nothing of them is sendable."""
+        """Under send_lock: ``items`` (standing for ``count`` input items; ``packed``: their
+        number must not change) pickled as the next batch, or None if none is sendable."""
         first = self.next_item
         try:
             parts = self.codec.dumps((first, items))
@@ -474,12 +473,9 @@ class InputSide:
         return sent
 
     def send_direct(self, items: list[Any]) -> bool:
-        """Makes ``items``, work items that a thread other than the input thread read and
-        packed (the pool's request/response path: its caller read the item itself), the next
-        batch, each standing for one input item: the receiving loop's next
-        :meth:`send_available` sends it first (the caller that advances the loop, at once).
-        False (nothing taken) while another batch waits to be sent: they must go another way
-        then. Counted in ``direct_total``."""
+        """``items``, work items read and packed outside the input thread (by the pool's
+        caller, a request/response loop), one input item each, become the next batch, which
+        the receiving loop sends first; False if another batch waits (nothing taken)."""
         with self.send_lock:
             if self.pending is not None or self.abort:
                 return False
