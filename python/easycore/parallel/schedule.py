@@ -70,9 +70,7 @@ class Scheduler:
         # Submitted, not sent: (future, task id, pickle).
         self._tasks: collections.deque[tuple[Future[Any], int, bytes]] = collections.deque()
         self._running: dict[int, Future[Any]] = {}  # sent tasks by id
-        # Work items that a call's caller read itself but could not send (see calls.py):
-        # the feed sends them first.
-        self._direct: collections.deque[_WorkItem] = collections.deque()
+        self._resend: collections.deque[_WorkItem] = collections.deque()  # see resend()
         self._jobs: dict[int, _Job] = {}  # open map/imap calls by id
         self._ids = itertools.count(1)  # of tasks and jobs alike
         self._turn = 0  # the next job to take items from, round robin
@@ -190,11 +188,8 @@ class Scheduler:
         stream lets it (``StreamService.round_trip``), else queued for the feed, ahead of
         everything."""
         stream = self._stream
-        if stream is not None and stream.round_trip(item, job):
-            return
-        with self._cv:
-            self._direct.append(item)
-            self._cv.notify_all()
+        if stream is None or not stream.round_trip(item, job):
+            self.resend([item])
 
     def notify(self) -> None:
         """Wakes whoever waits for work (a job's caller made room, say)."""
@@ -241,14 +236,13 @@ class Scheduler:
         while."""
         idle_since: float | None = None
         tasks, running, window = self._tasks, self._running, self._task_window
-        direct = self._direct
         with self._cv:
             while True:
                 if generation != self._generation:
                     raise StopIteration
-                if direct:
+                if self._resend:
                     before_taking()
-                    return direct.popleft(), self._cuts
+                    return self._resend.popleft(), self._cuts
                 if tasks and len(running) < window:
                     before_taking()
                 while tasks and len(running) < window:
@@ -325,7 +319,7 @@ class Scheduler:
         ``timeout`` for some), else ``(end, generation)``: ``end`` if the service is over
         (terminated, or closed with everything sent), and the generation to run."""
         with self._cv:
-            if not (self._tasks or self._jobs or self._closing):
+            if not (self._tasks or self._jobs or self._closing or self._resend):
                 self._cv.wait(timeout)
                 return None
             end = self._terminated or (self._closing and self._all_sent())
@@ -362,10 +356,18 @@ class Scheduler:
             futures = list(self._running.values()) + [q[0] for q in self._tasks]
             self._running.clear()
             self._tasks.clear()
-            self._direct.clear()  # their jobs fail
+            self._resend.clear()
             self._cut()
             self._cv.notify_all()
         return jobs, futures
+
+    def resend(self, items: list[_WorkItem]) -> None:
+        """Work items that a stream gave back untaken (its workers are being replaced: see
+        ``hardstop.py``), or that a caller read itself and could not send (``send_direct``):
+        sent, before other work, by the feed (the next stream's, for the former)."""
+        with self._cv:
+            self._resend.extend(items)
+            self._cv.notify_all()
 
     def end_generation_if(self, quiet: Callable[[bool], bool]) -> bool:
         """Under the lock: if ``quiet(feed_waiting)``, the stream's generation ends (a
@@ -382,11 +384,8 @@ class Scheduler:
     def _all_sent(self) -> bool:
         """Whether no task waits and every open job's input was read (or the job was
         abandoned): a closing pool's stream ends then."""
-        return (
-            not self._tasks
-            and not self._direct
-            and all(j.input_done or j.closed for j in self._jobs.values())
-        )
+        jobs = self._jobs.values()
+        return not (self._tasks or self._resend) and all(j.input_done or j.closed for j in jobs)
 
     def _cut(self) -> None:
         self._cuts += 1

@@ -25,6 +25,7 @@ from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
 from easycore.errors import PoolClosedError, RunnerClosedError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
+from easycore.parallel.hardstop import StuckWatch, kill_doomed, watch
 from easycore.parallel.job import _Job, task_error
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import _TaskHooks
@@ -119,6 +120,9 @@ class StreamService:
         self.thread: threading.Thread | None = None
         self._n_results = 0  # map results received by the current stream
         self._quiet_before = False  # the last stream failure was a quiet restart
+        self.task_timeout: float | None = runner_options.get("task_timeout")
+        self.doomed: list[Any] = []  # workers given up on, killed before the others stop
+        self.watch: StuckWatch | None = None  # tasks stuck past task_timeout (hardstop.py)
         scheduler.attach(self)
 
     def start(self, owner: Any) -> None:
@@ -128,6 +132,7 @@ class StreamService:
             target=_service_main, args=(weakref.ref(owner), self), name="easycore-pool", daemon=True
         )
         self.thread.start()
+        self.watch = watch(self, self.runner.stuck_slots, self.task_timeout)
 
     # ----- what the pool asks -----
 
@@ -166,6 +171,7 @@ class StreamService:
     def stop_workers(self, interrupt: bool) -> None:
         """Stops the workers (interrupting busy ones with ``interrupt``); the next stream
         starts new ones."""
+        kill_doomed(self.doomed)
         self.runner.stop_producers(interrupt)
 
     # ----- the stream (service thread) -----
@@ -189,6 +195,8 @@ class StreamService:
                 cost=self._cost_per_value,
                 runs=feed,
             )
+            if self.watch is not None:
+                call.input.sizing.max_batch = 1  # a killed worker loses one work item
             self.call = call
             scheduler.begin_stream(feed)
             self._n_results = 0
@@ -247,7 +255,8 @@ class StreamService:
 
     def _park_ok(self) -> bool:
         """Whether the service thread may leave the stream to a caller that reads its own
-        input: no ``maxtasksperchild``, the feed waits for work, a call reads its own input,
+        input: no ``maxtasksperchild`` nor watch of stuck tasks (``hardstop.py``, which
+        ends a stream behind its back), the feed waits for work, a call reads its own input,
         and nothing is on its way (read by the service thread: guesses, asked again every
         tick while parked)."""
         scheduler = self.scheduler
@@ -256,6 +265,7 @@ class StreamService:
             scheduler.feed_waiting
             and scheduler.any_direct()
             and scheduler.direct_ok
+            and self.watch is None
             and call is not None
             and not call.abort
             and call.drained()
