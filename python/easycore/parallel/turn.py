@@ -91,13 +91,10 @@ class Turn:
         return left
 
     def wake(self) -> None:
-        """Ends the service thread's park (any thread): there is work for it. The count is
-        bumped without the lock (two racing bumps still change it), then ``parked`` is read:
-        the service thread sets ``parked`` before it reads the count, so one of the two sees
-        the other's write."""
-        self.wakes += 1
-        if self.parked:
-            with self.cond:
+        """Ends the service thread's park (any thread): there is work for it."""
+        with self.cond:
+            self.wakes += 1
+            if self.parked:
                 self.cond.notify_all()
 
     def close(self) -> None:
