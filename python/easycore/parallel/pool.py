@@ -54,6 +54,7 @@ from easycore._engine import lifecycle
 from easycore._engine.lifecycle import TICK, Stage
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import progress_bar
+from easycore._engine.zygote import await_thread_gone
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -90,6 +91,7 @@ def _finalize_pool(runner: Any, cv: threading.Condition, open_flag: list[bool], 
         runner._shutdown(interrupt=True)
     except BaseException:  # noqa: BLE001, S110 - nothing to report to: the pool is gone
         pass
+    runner._close_zygote()
 
 
 def _abandon(job: _Job, pool: weakref.ref[Pool]) -> None:
@@ -778,6 +780,8 @@ class Pool(StreamService):
             raise ValueError("join() needs close() or terminate() first")
         if threading.current_thread() is not self._service:
             self._service.join(timeout)
+            if not self._service.is_alive():
+                await_thread_gone(self._service)  # gone from the OS too: a fork may follow
         if not self._service.is_alive():
             lifecycle.discard(Stage.POOL, self)
             err = getattr(self, "_end_error", None)

@@ -153,6 +153,7 @@ class StreamService:
             self._runner._shutdown(interrupt=self._terminated)
         except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
             self._end_error: BaseException | None = e
+        self._runner._close_zygote()  # no worker starts again
         # After a close, a job whose input was all read got every result (the stream
         # ended once everything sent came back): its caller may still take them.
         self._fail_pending(

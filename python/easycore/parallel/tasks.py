@@ -275,6 +275,10 @@ def _by_value(
 class _TaskHooks(_RunnerBase):
     """The hooks of the pool's internal runner (mixed into a runner flavour)."""
 
+    # Its producers are restarted (a death, maxtasksperchild) while the pool's threads run:
+    # under fork they come from a zygote made with the first ones.
+    _fork_from_zygote = True
+
     def __init__(
         self,
         devices: Any,

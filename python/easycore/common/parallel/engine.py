@@ -20,6 +20,7 @@ A dead producer, Ctrl-C, a call's timeout or SIGTERM close the runner: producers
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -35,12 +36,13 @@ from easycore._core import (
 from easycore._engine import lifecycle, plugins, wire
 from easycore._engine.flavour import PLAIN, Flavour
 from easycore._engine.lifecycle import Stage
-from easycore._engine.local import LocalStart, start_local
+from easycore._engine.local import LocalStart, make_zygote, start_local
 from easycore._engine.reports import not_picklable_error, worker_error
 from easycore._engine.sigterm import install_handler
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call, StreamSettings
 from easycore._engine.transport import Transport
+from easycore._engine.zygote import Zygote
 from easycore.common.parallel.devices import (
     choose_start_method,
     parse_devices,
@@ -153,6 +155,9 @@ class BaseRunner(RunnerHooks):
 
     #: codec, start context, device check and set-up (the torch runners: torch's)
     _flavour: ClassVar[Flavour] = PLAIN
+    #: under fork, whether producers come from a zygote made at the first start (the pool's
+    #: runner: it restarts producers while its own threads run; see ``_engine/zygote.py``)
+    _fork_from_zygote: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -213,6 +218,8 @@ class BaseRunner(RunnerHooks):
         self._init_timeout = init_timeout
         self._close_timeout = close_timeout
         self._workers: Transport | None = None
+        self._zygote: Zygote | None = None
+        self._zygote_made = False  # made once: one that died is not made again
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._calls = itertools.count(1)
         self._cost_per_item = 0.0  # producer seconds per item, learned across calls
@@ -295,24 +302,40 @@ class BaseRunner(RunnerHooks):
                 self._workers = workers
                 self._finalizer = self._finalize_with(workers)
                 return
-            workers = start_local(
-                LocalStart(
-                    hooks=type(self),
-                    devices=tuple(self._devices),
-                    cfg=self._cfg,
-                    seed=self._seed,
-                    start_method=self._start_method,
-                    start_reason=self._start_reason,
-                    window=self._window,
-                    queue_scale=self._queue_scale,
-                    flavour=self._flavour,
-                    setup=self._producer_setup(len(self._devices)),
-                    seed_per_item=self._seed_per_item,
-                    init_timeout=self._init_timeout,
-                )
+            start = LocalStart(
+                hooks=type(self),
+                devices=tuple(self._devices),
+                cfg=self._cfg,
+                seed=self._seed,
+                start_method=self._start_method,
+                start_reason=self._start_reason,
+                window=self._window,
+                queue_scale=self._queue_scale,
+                flavour=self._flavour,
+                setup=self._producer_setup(len(self._devices)),
+                seed_per_item=self._seed_per_item,
+                init_timeout=self._init_timeout,
             )
+            first = self._fork_from_zygote and not self._zygote_made
+            if first:
+                self._zygote_made = True
+                self._zygote = make_zygote(start)
+                if self._zygote is not None:
+                    weakref.finalize(self, self._zygote.close).atexit = False
+            try:
+                workers = start_local(dataclasses.replace(start, zygote=self._zygote))
+            except BaseException:
+                if first:  # the constructor fails: nobody will restart the producers
+                    self._close_zygote()
+                raise
             self._workers = workers
             self._finalizer = self._finalize_with(workers)
+
+    def _close_zygote(self) -> None:
+        """Stops the zygote, if any: no producer will be started again (the pool's end)."""
+        zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
 
     def _finalize_with(self, workers: Transport) -> weakref.finalize[Any, Any]:
         """Registers the runner as live (stopped at exit, in order: ``lifecycle``) and

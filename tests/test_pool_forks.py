@@ -1,0 +1,115 @@
+"""Under fork the pool never forks while it runs threads: its replacement workers (after a
+death, for ``maxtasksperchild``) come from a zygote forked with the first ones, so CPython
+3.12+ gives no ``DeprecationWarning`` about ``fork()`` in a multi-threaded process, and every
+worker sees the caller as it was when the pool was made. Each scenario runs in a fresh
+interpreter (``pool_fork_scenarios.py``) under a hard time limit; on Python before 3.12 the
+forks are counted all the same (by an ``os.register_at_fork`` hook)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="fork and /proc")
+
+HERE = Path(__file__).resolve().parent
+LIMIT_S = 240
+
+
+def _run(scenario: str) -> dict:
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "pool_fork_scenarios.py"), scenario],
+        capture_output=True,
+        text=True,
+        timeout=LIMIT_S,
+        cwd=HERE,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.timeout(LIMIT_S + 30)
+def test_workers_restarted_by_the_pool_are_not_forked_from_its_threads():
+    out = _run("restarts")
+    assert out["forks_with_threads"] == []
+    assert out["fork_warnings"] == 0
+    assert out["after_idle_death"] is True
+    assert out["mid_map_death"] == "WorkerDiedError"
+    assert out["after_mid_map_death"] is True
+    assert out["maxtasksperchild_workers"] >= 3  # the first two, then replacements
+    assert out["left_behind"] == []
+
+
+@pytest.mark.timeout(LIMIT_S + 30)
+def test_replacement_workers_see_the_caller_as_it_was_when_the_pool_was_made():
+    # A global changed after the pool was made: the first workers never saw the change,
+    # and neither do their replacements (they are forks of the same snapshot).
+    assert _run("restarts")["values"] == ["at creation"]
+
+
+@pytest.mark.timeout(LIMIT_S + 30)
+def test_a_caller_that_runs_threads_when_it_makes_a_fork_pool_forks_once():
+    # The caller's own fork of the zygote is the one fork made with threads (Python 3.12+
+    # warns there, once, as for any fork of a threaded process); workers and replacements
+    # come from the zygote.
+    out = _run("threads_at_creation")
+    assert len(out["forks_with_threads"]) == 1
+    if sys.version_info >= (3, 12):
+        assert out["fork_warnings"] == 1
+    assert out["maxtasksperchild_workers"] >= 3
+    assert out["mid_map_death"] == "WorkerDiedError"
+    assert out["after_idle_death"] is True and out["after_mid_map_death"] is True
+    assert out["left_behind"] == []
+
+
+@pytest.mark.timeout(LIMIT_S + 30)
+def test_a_killed_zygote_loses_nothing():
+    # Workers are then forked by the caller itself, as without a zygote.
+    out = _run("zygote_killed")
+    assert out["helpers"] == 1
+    assert out["after_idle_death"] is True
+    assert out["mid_map_death"] == "WorkerDiedError"
+    assert out["after_mid_map_death"] is True
+    assert out["left_behind"] == []
+
+
+def _alive(pids: list[int]) -> list[int]:
+    out = []
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    out.append(p)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_the_zygote_and_its_workers_end_with_a_killed_caller():
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "pool_fork_scenarios.py"), "caller_killed"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=HERE,
+    )
+    try:
+        line = proc.stdout.readline()
+        pids = json.loads(line)["pids"]
+        assert len(pids) == 3  # the zygote and two workers
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        deadline = time.monotonic() + 30
+        while _alive(pids) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _alive(pids) == []
+    finally:
+        proc.kill()
+        proc.wait(30)
