@@ -97,12 +97,23 @@ def alive(pids: set[int]) -> set[int]:
     return out
 
 
-def settle(pids: set[int], seconds: float = 10.0) -> set[int]:
+def names_of(pids: set[int]) -> set[str]:
+    """Shared-memory names (liveness tokens, segments) that carry one of ``pids``."""
+    try:
+        names = os.listdir("/dev/shm")
+    except FileNotFoundError:
+        return set()
+    prefixes = tuple(f"ec.{p}-" for p in pids)
+    return {n for n in names if n.startswith(prefixes)}
+
+
+def settle(pids: set[int], seconds: float = 10.0) -> list[str]:
+    """What is left of ``pids`` after at most ``seconds``: live processes and their names."""
     deadline = time.monotonic() + seconds
-    left = alive(pids)
+    left = sorted(map(str, alive(pids))) + sorted(names_of(pids))
     while left and time.monotonic() < deadline:
         time.sleep(0.05)
-        left = alive(pids)
+        left = sorted(map(str, alive(pids))) + sorted(names_of(pids))
     return left
 
 
@@ -149,7 +160,7 @@ def scenario_restarts() -> dict[str, object]:
         out["maxtasksperchild_workers"] = len(set(pids))
         worker_pids |= set(pids)
         helpers |= descendants() - worker_pids
-    out["left_behind"] = sorted(settle(worker_pids | helpers))
+    out["left_behind"] = settle(worker_pids | helpers)
     return out
 
 
@@ -166,7 +177,7 @@ def scenario_threads_at_creation() -> dict[str, object]:
         everything = descendants()
     stop.set()
     t.join()
-    out["left_behind"] = sorted(settle(everything))
+    out["left_behind"] = settle(everything)
     return out
 
 
@@ -174,15 +185,14 @@ def scenario_zygote_killed() -> dict[str, object]:
     """The process that forks the replacements is killed: the pool goes on."""
     out: dict[str, object] = {}
     with Pool(2, start_method="fork") as pool:
-        workers = set(pool.map(pid, range(20), chunksize=1))
-        helpers = descendants() - workers
-        out["helpers"] = len(helpers)
-        for h in helpers:
-            os.kill(h, signal.SIGKILL)
-        settle(helpers)
+        zygote = pool._runner._zygote.pid  # type: ignore[union-attr]
+        out["zygote_was_a_child"] = zygote in descendants()
+        first = {p.pid for p in pool._runner._workers.procs}  # type: ignore[union-attr]
+        os.kill(zygote, signal.SIGKILL)
+        settle({zygote})
         seen = restarts(pool, out)
-        everything = descendants() | seen | helpers
-    out["left_behind"] = sorted(settle(everything))
+        everything = descendants() | seen | first | {zygote}
+    out["left_behind"] = settle(everything)
     return out
 
 
