@@ -230,7 +230,9 @@ def _round(ctx: Any, rng: random.Random) -> tuple[str, list[str], bool]:
     # What the children left (the victim's side segments, tokens of killed and forked
     # children, which skip exit handlers) goes with the next queue's sweep.
     Queue(capacity_bytes=4096).close()
-    pids = {f"ec.{p.pid}-" for p in everyone}
+    # A pid that a new process (of this machine's other users, say) took since counts as
+    # alive: its token is that process's, not a leftover.
+    pids = {f"ec.{p.pid}-" for p in everyone if not os.path.exists(f"/proc/{p.pid}")}
     left = [n for n in os.listdir("/dev/shm") if n[: n.find("-") + 1] in pids]
     if left:
         problems.append(f"left in /dev/shm after a sweep: {left}")

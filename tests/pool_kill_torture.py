@@ -91,7 +91,7 @@ def run(rounds: int, start_method: str = "fork", seed: int = 0) -> Outcome:
             for t in threads:
                 t.start()
             time.sleep(rng.random() * 0.2)
-            workers = pool._runner._workers
+            workers = pool._stream.runner._workers
             victim = rng.choice(workers.procs) if workers is not None else None
             if victim is not None and victim.pid is not None:
                 try:

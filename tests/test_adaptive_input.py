@@ -222,18 +222,18 @@ def test_items_read_directly_are_not_kept_alive():
 def test_large_results_keep_about_a_cache_in_flight(result_bytes, expected):
     from types import SimpleNamespace
 
-    from easycore._engine.input_side import InputSide
+    from easycore._engine.batching import Sizing
 
     call = SimpleNamespace(
         window=10_000,
         window_floor=10_000,
         n=2,
         bytes_per_item=0.0,
-        runner=SimpleNamespace(_out_bytes_per_item=float(result_bytes)),
+        learned=SimpleNamespace(out_bytes_per_item=float(result_bytes)),
         max_inflight_bytes=192 << 20,
-        _batch_size=lambda: 1,
+        batch_size=lambda: 1,
     )
-    assert InputSide._window_now(call) == expected  # type: ignore[arg-type]
+    assert Sizing.window_now(call) == expected  # type: ignore[arg-type]
 
 
 def test_consumer_error_while_the_input_is_handed_over():

@@ -141,13 +141,13 @@ def test_single_items_after_chunks_are_batched_by_their_own_cost():
     # relearned. The learned figures are timings, so they are set here, not measured.
     with Pool(2) as p:
         assert p.map(pd.square, range(100_000)) == [i * i for i in range(100_000)]
-        call = p._call
-        call.runner._cost_per_item = 2e-3  # per item sent: a chunk of 2 ms
-        p._item_cost = 1e-7  # per value
-        call.bytes_per_item = call.runner._out_bytes_per_item = 16.0  # small ints
+        sizing = p._stream.call.input.sizing
+        sizing.learned.cost_per_item = 2e-3  # per item sent: a chunk of 2 ms
+        p._stream.item_cost = 1e-7  # per value
+        sizing.bytes_per_item = sizing.learned.out_bytes_per_item = 16.0  # small ints
         # 4 ms batches of 0.1 µs values: as many as a batch may hold (sized by the chunk's
         # cost, 2 values).
-        assert call._batch_size() == call.max_batch >= 64, call._batch_size()
+        assert sizing.batch_size() == sizing.max_batch >= 64, sizing.batch_size()
         n = 20_000
         assert sum(p.imap_unordered(pd.square, iter(range(n)))) == sum(i * i for i in range(n))
 
@@ -215,7 +215,7 @@ def test_a_fresh_pools_first_imap_over_a_generator_sends_batches_not_single_item
     n = 100_000
     with Pool(2) as p:
         assert sum(p.imap_unordered(abs, (-x for x in range(n)))) == n * (n - 1) // 2
-        batches = p._call.stats.batches
+        batches = p._stream.call.stats.batches
     assert batches < 2000, f"{n} items went as {batches} batches"
 
 
@@ -393,7 +393,7 @@ def test_a_worker_that_died_while_the_pool_was_idle_fails_no_later_call():
     with Pool(2) as p:
         for rnd in range(4):
             assert p.map(pd.square, range(10)) == [x * x for x in range(10)]
-            victim = p._runner._workers.procs[rnd % 2]
+            victim = p._stream.runner._workers.procs[rnd % 2]
             os.kill(victim.pid, signal.SIGKILL)
             victim.join(30)
             time.sleep(0.02)  # past the feed's spacing of health checks
@@ -418,14 +418,14 @@ def test_quiet_restarts_stop_when_new_workers_die_before_returning_anything():
     died = WorkerDiedError("producer 0 died", pid=1, device="cpu", exitcode=-9)
     stopped = SimpleNamespace(stopped_for_death=True)
     with Pool(1) as p:
-        assert p._quiet_restart(died, stopped, stream(0))  # the first: nothing was lost
-        assert not p._quiet_restart(died, stopped, stream(0))  # again, nothing delivered
-        assert p._quiet_restart(died, stopped, stream(5))  # the new workers had delivered
-        assert not p._quiet_restart(died, stopped, stream(5, drained=False))  # work was lost
-        assert not p._quiet_restart(ValueError("x"), stopped, stream(5))  # not a death
+        assert p._stream.quiet_restart(died, stopped, stream(0))  # the first: nothing was lost
+        assert not p._stream.quiet_restart(died, stopped, stream(0))  # again, nothing delivered
+        assert p._stream.quiet_restart(died, stopped, stream(5))  # the new workers had delivered
+        assert not p._stream.quiet_restart(died, stopped, stream(5, drained=False))  # work was lost
+        assert not p._stream.quiet_restart(ValueError("x"), stopped, stream(5))  # not a death
         running = SimpleNamespace(stopped_for_death=False)  # feed neither stopped nor waiting
-        assert not p._quiet_restart(died, running, stream(5))
-        assert p._quiet_restart(died, running, stream(5, started=False))  # it never read
+        assert not p._stream.quiet_restart(died, running, stream(5))
+        assert p._stream.quiet_restart(died, running, stream(5, started=False))  # it never read
         assert p.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
 
 
@@ -617,6 +617,23 @@ def test_devices_keyword_as_the_runners_spell_it():
         Pool(2, devices=["cpu"])
 
 
+def test_processes_counts_cpu_workers_and_devices_names_them():
+    # processes= is the stdlib's (how many workers, each a "cpu" one); devices= is the
+    # runners' (one worker per entry); both at once is a TypeError that says which is which.
+    with Pool(processes=2) as p:
+        assert p.devices == ["cpu", "cpu"]
+        assert p.map(pd.square, range(4)) == [0, 1, 4, 9]
+    with Pool(devices=1) as p:
+        assert p.devices == ["cpu"]
+    with pytest.raises(TypeError, match=r"processes=.*devices=.*not both") as ei:
+        Pool(processes=2, devices=["cpu", "cpu"])
+    assert isinstance(ei.value, InvalidArgument)
+    with pytest.raises(InvalidArgument, match="processes must be at least 1"):
+        Pool(processes=0)
+    with pytest.raises(InvalidArgument, match="devices must be at least 1"):
+        Pool(devices=0)
+
+
 def test_lambda_initializer_under_spawn():
     with Pool(1, initializer=lambda a: a * 2, initargs=(21,), start_method="spawn") as p:
         assert p.submit(lambda: context()).result(timeout=60) == 42
@@ -653,7 +670,7 @@ def test_ctrl_c_in_map_leaves_no_orphans_or_shared_memory(method):
         from easycore.parallel import Pool
         if __name__ == "__main__":
             p = Pool(2, start_method={method!r}, close_timeout=300)
-            pids = [w.pid for w in p._runner._workers.procs]
+            pids = [w.pid for w in p._stream.runner._workers.procs]
             print("pids", *pids, flush=True)
             print("me", os.getpid(), flush=True)
             print("started", flush=True)

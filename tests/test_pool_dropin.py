@@ -45,7 +45,7 @@ def test_shutdown_returns_when_a_map_iterator_is_never_consumed() -> None:
     ex.shutdown()
     with PoolExecutor(2, start_method="fork") as ex2:
         ex2.map(str, range(100))
-    assert not ex2.pool._service.is_alive()
+    assert not ex2.pool._stream.thread.is_alive()
 
 
 def test_close_join_finishes_a_retained_unconsumed_imap_and_keeps_its_results() -> None:
@@ -55,7 +55,7 @@ def test_close_join_finishes_a_retained_unconsumed_imap_and_keeps_its_results() 
     it = pool.imap(pd.square, range(200))
     pool.close()
     pool.join(timeout=90)
-    assert not pool._service.is_alive()
+    assert not pool._stream.thread.is_alive()
     assert list(it) == [x * x for x in range(200)]
 
 
@@ -84,7 +84,7 @@ def test_breaking_out_of_imap_discards_its_work_and_frees_the_next_call() -> Non
         # Nothing more of the abandoned call was run once its queued items were discarded.
         after = counter.value - at_break
         print(f"items run: {at_break} by the break (+0.5 s), {after} after it")
-        assert after <= 2 * pool._task_window + 8, (at_break, counter.value)
+        assert after <= 2 * pool._schedule._task_window + 8, (at_break, counter.value)
     finally:
         pool.terminate()
 
@@ -156,9 +156,9 @@ def test_argument_checks_raise_the_stdlib_types() -> None:
 def test_a_dropped_pool_warns_and_stops_its_workers() -> None:
     pool = Pool(2, start_method="fork")
     assert pool.map(pd.square, range(10)) == [x * x for x in range(10)]
-    procs = list(pool._runner._workers.procs)
+    procs = list(pool._stream.runner._workers.procs)
     time.sleep(1.5)  # idle: its stream ends, the service thread holds it weakly
-    service = pool._service
+    service = pool._stream.thread
     with pytest.warns(ResourceWarning, match="unclosed running multiprocessing pool"):
         del pool
         gc.collect()
@@ -174,7 +174,7 @@ def test_a_dropped_executor_does_not_warn() -> None:
 
     ex = PoolExecutor(1, start_method="fork")
     assert ex.submit(pd.square, 3).result(timeout=60) == 9
-    procs = list(ex.pool._runner._workers.procs)
+    procs = list(ex.pool._stream.runner._workers.procs)
     time.sleep(1.5)  # idle: its stream ends, the service thread holds it weakly
     with warnings.catch_warnings():
         warnings.simplefilter("error", ResourceWarning)
@@ -209,7 +209,7 @@ def _square_and_pid(x: int) -> tuple[int, int]:
 @pytest.mark.parametrize("how", ["map", "submit"])
 def test_maxtasksperchild_replaces_the_workers_and_keeps_results(how: str) -> None:
     with Pool(2, start_method="fork", maxtasksperchild=3) as pool:
-        first = {p.pid for p in pool._runner._workers.procs}
+        first = {p.pid for p in pool._stream.runner._workers.procs}
         if how == "map":
             out = pool.map(_square_and_pid, range(30), chunksize=1)
         else:

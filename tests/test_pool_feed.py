@@ -4,69 +4,67 @@ once, at its index, however batches cut the segments; cuts, input errors and end
 
 from __future__ import annotations
 
-import collections
+import itertools
 import threading
 from concurrent.futures import Future
 
 import pytest
 from easycore.parallel.feed import _ONE, _TASK, Feed
 from easycore.parallel.job import _Job
+from easycore.parallel.schedule import Scheduler
 
 
 def fn(x):
     return x
 
 
-class FakePool:
-    """What the feed reads of its pool."""
+class FakeStream:
+    """What the scheduler asks of its stream (no processes: nothing died or is on its way)."""
 
-    def __init__(self) -> None:
-        self._cv = threading.Condition(threading.Lock())
-        self._tasks: collections.deque = collections.deque()
-        self._running: dict = {}
-        self._task_window = 4
-        self._jobs: dict = {}
-        self._turn = 0
-        self._closing = False
-        self._generation = 0
-        self._cuts = 0
-        self._feed_waiting = False
-        self._tasks_per_stream = 0
-        self._recycle = False
-        self.feed: Feed | None = None
+    def worker_died(self) -> bool:
+        return False
 
-    def _all_sent(self) -> bool:
-        return not self._tasks and all(j.input_done or j.closed for j in self._jobs.values())
+    def drained(self) -> bool:
+        return False
 
-    def _compact_input(self) -> None:
+    def compact_input(self) -> None:
         pass
 
-    def _worker_died(self) -> bool:
-        return False
-
-    def _stream_drained(self) -> bool:
-        return False
-
-    def _auto_chunk(self, job: _Job) -> int:
+    def auto_chunk(self, job: _Job) -> int:
         return 3
 
-    def _wake_feed(self) -> None:
-        pass
+
+class FakePool:
+    """A pool's scheduler (the feed's one counterpart) without a pool: jobs and tasks are
+    added to it by hand; ``jobs`` is its table of open jobs, changed without a cut."""
+
+    def __init__(self) -> None:
+        self.scheduler = Scheduler()
+        self.scheduler.attach(FakeStream())
+        self.jobs = self.scheduler._jobs
+        self.feed: Feed | None = None
+
+    def new_feed(self) -> Feed:
+        self.feed = Feed(self.scheduler, 0)
+        self.scheduler.begin_stream(self.feed)
+        return self.feed
+
+    def close(self) -> None:
+        self.scheduler.close()
 
     def open(self, jid: int, data, window: int = 100, chunksize: int | None = None) -> _Job:
-        job = _Job(jid, fn, data, _ONE, True, window, chunksize, [10**6])
-        self._jobs[jid] = job
-        self.cut()
+        job = self.scheduler.open_job(
+            lambda _jid: _Job(jid, fn, data, _ONE, True, window, chunksize, [10**6])
+        )
+        assert job is not None
         return job
 
     def submit(self, tid: int) -> None:
-        self._tasks.append((Future(), tid, b"blob%d" % tid))
-        self.cut()
+        self.scheduler._ids = itertools.count(tid)  # the task's id, as the test names it
+        assert self.scheduler.add_task(Future(), b"blob%d" % tid)
 
     def cut(self) -> None:
-        self._cuts += 1
-        if self.feed is not None:
-            self.feed.cut()
+        self.scheduler.cut()
 
 
 def unpack(work: list) -> list:
@@ -89,15 +87,14 @@ def read(it, n: int) -> list:
 @pytest.mark.parametrize("batch", [1, 2, 3, 7, 50])
 def test_packed_batches_cover_every_item_once_at_its_index(batch):
     pool = FakePool()
-    feed = Feed(pool, 0)
-    pool.feed = feed
+    feed = pool.new_feed()
     pool.open(1, (x for x in "abcdefghij"), window=4)  # segments of at most 4 items
     pool.open(2, [10, 11, 12, 13, 14])  # a list: premade chunks of 3
     it = iter(feed)
     raw = []
     packed = []
     n_packed = 0  # raw items packed so far
-    job1, job2 = pool._jobs[1], pool._jobs[2]
+    job1, job2 = pool.jobs[1], pool.jobs[2]
     while len(raw) < 12:  # job 1's 10 items and job 2's two chunks
         raw += read(it, 1)
         if len(raw) % batch == 0:
@@ -105,8 +102,8 @@ def test_packed_batches_cover_every_item_once_at_its_index(batch):
             n_packed = len(raw)
         # the callers consume what was read: room for the next segment
         job1.consumed, job2.consumed = job1.pulled, job2.pulled
-    pool._closing = True
-    pool._jobs.clear()
+    pool.jobs.clear()
+    pool.close()
     assert list(it) == []  # the next read finds job 1's end, then the stream's
     assert job1.input_done and job2.input_done
     packed += feed.pack(raw[n_packed:])
@@ -122,8 +119,7 @@ def test_packed_batches_cover_every_item_once_at_its_index(batch):
 
 def test_a_submitted_task_cuts_the_segment_and_goes_first():
     pool = FakePool()
-    feed = Feed(pool, 0)
-    pool.feed = feed
+    feed = pool.new_feed()
     job = pool.open(1, iter(range(100)))
     it = iter(feed)
     assert read(it, 2) == [0, 1]  # one segment of up to 100 items
@@ -143,8 +139,7 @@ def test_a_submitted_task_cuts_the_segment_and_goes_first():
 
 def test_an_input_error_fails_its_job_only_and_the_feed_goes_on():
     pool = FakePool()
-    feed = Feed(pool, 0)
-    pool.feed = feed
+    feed = pool.new_feed()
 
     def bad():
         yield from (1, 2, 3)
@@ -158,11 +153,11 @@ def test_an_input_error_fails_its_job_only_and_the_feed_goes_on():
     it = feed.recover(ei.value, 3)  # the failing run gave 1, 2, 3, then raised
     assert it is not None
     assert job1.pulled == 3 and isinstance(job1.error, ValueError) and job1.input_done
-    del pool._jobs[1]
+    del pool.jobs[1]
     job2 = pool.open(2, iter("xy"))
     assert read(it, 2) == ["x", "y"]
-    pool._closing = True
-    del pool._jobs[2]
+    del pool.jobs[2]
+    pool.close()
     assert list(it) == [], "closed with nothing left: the stream's input ends"
     assert job2.input_done and job2.pulled == 2
     assert unpack(feed.pack([1, 2, 3, "x", "y"])) == [
@@ -176,29 +171,27 @@ def test_an_input_error_fails_its_job_only_and_the_feed_goes_on():
 
 def test_the_feeds_own_failure_is_not_recovered():
     pool = FakePool()
-    feed = Feed(pool, 0)
+    feed = pool.new_feed()
     assert feed.recover(RuntimeError("not from a job's input"), 0) is None
 
 
 def test_a_closed_job_is_not_read_further():
     pool = FakePool()
-    feed = Feed(pool, 0)
-    pool.feed = feed
+    feed = pool.new_feed()
     job = pool.open(1, iter(range(1000)))
     it = iter(feed)
     assert read(it, 3) == [0, 1, 2]
     job.closed = True
-    del pool._jobs[1]
+    del pool.jobs[1]
     pool.cut()
-    pool._closing = True
+    pool.close()
     assert list(it) == []
     assert job.pulled == 3 and not job.input_done
 
 
 def test_window_bounds_each_segment():
     pool = FakePool()
-    feed = Feed(pool, 0)
-    pool.feed = feed
+    feed = pool.new_feed()
     job = pool.open(1, iter(range(1000)), window=5)
     it = iter(feed)
     assert read(it, 5) == [0, 1, 2, 3, 4]
@@ -212,17 +205,15 @@ def test_window_bounds_each_segment():
     t.start()
     assert not done.wait(0.3), "read past the window while the caller consumed nothing"
     assert job.pulled == 5
-    with pool._cv:
-        job.consumed = 2
-        pool._cv.notify_all()
+    job.consumed = 2
+    pool.scheduler.notify()
     assert done.wait(5)
     t.join(5)
 
 
 def test_a_cut_while_the_input_blocks_takes_effect_after_that_item():
     pool = FakePool()
-    feed = Feed(pool, 0)
-    pool.feed = feed
+    feed = pool.new_feed()
     release = threading.Event()
 
     def slow():

@@ -540,16 +540,16 @@ def test_a_batch_of_few_items_barely_moves_the_learned_cost():
 
     from easycore.common.parallel.call import Call
 
-    runner = SimpleNamespace(_cost_per_item=0.2e-6)
+    learned = SimpleNamespace(cost_per_item=0.2e-6)
     call = SimpleNamespace(
         busy_seen={0: 0.0},
         wait_seen={0: 0.0},
         stats=SimpleNamespace(producer_busy_s={0: 0.0}, producer_wait_s={0: 0.0}),
-        runner=runner,
-        _batch_size=lambda: 2048,
+        learned=learned,
+        input=SimpleNamespace(sizing=SimpleNamespace(batch_size=lambda: 2048)),
     )
     Call._learn(call, 0, 6e-6, 0.0, 1)  # one item, 6 µs: the fixed part
-    assert runner._cost_per_item < 0.21e-6  # before: 1.9e-6
+    assert learned.cost_per_item < 0.21e-6  # before: 1.9e-6
     # A full batch still teaches at the full rate.
     Call._learn(call, 0, 6e-6 + 2048 * 1e-6, 0.0, 2048)
-    assert 0.4e-6 < runner._cost_per_item < 0.5e-6
+    assert 0.4e-6 < learned.cost_per_item < 0.5e-6

@@ -1,182 +1,252 @@
-"""The input side of one call (:class:`~easycore._engine.stream.Call` extends it): reading
-the input on its helper thread, in runs (``runs.py``) or item by item, within the window;
-sizing batches by the producers' measured cost; packing, pickling and sending them through
-the transport, never blocking. ``stream.py`` holds the receiving side and the call's life.
+"""The input side of one call (:class:`InputSide`, held by
+:class:`~easycore._engine.stream.Call`): reading the input on its helper thread, in runs
+(``runs.py``) or item by item, within the window; sizing batches by the producers'
+measured cost; packing, pickling and sending them through the transport, never blocking.
+``stream.py`` holds the receiving side and the call's life.
 
-The state is declared here and set by ``Call.__init__``; the thread that writes each field
-is said beside it there.
+What the receiving side uses, its whole interface:
+
+* to run the input: :meth:`InputSide.start_reader` (with ``reader.read_runs``, the input
+  thread's body), :meth:`~InputSide.send_available`
+  (under ``send_lock``), :meth:`~InputSide.reads_direct` and :meth:`~InputSide.read_one`
+  (it reads the input itself), :meth:`~InputSide.receiver_sleeps` and
+  :meth:`~InputSide.receiver_woke` around each wait for results, :meth:`~InputSide.stop`,
+  :meth:`~InputSide.join_reader`;
+* to account: :meth:`~InputSide.result_received` (one per result message, giving the input
+  items it stands for), :meth:`~InputSide.delivered_chunk`, and ``sizing``
+  (``batching.Sizing``: the batch size the producers' cost is weighed by);
+* to decide: :meth:`~InputSide.input_over`, :meth:`~InputSide.drained`, and the fields
+  ``dispatched``, ``delivered``, ``last_progress``, ``input_error``, ``send_error``,
+  ``abort``, ``reader``, ``direct_total`` (each written where its comment says).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, cast
 
 from easycore._engine import leases, wire
+from easycore._engine.batching import Sizing
+from easycore._engine.host import Learned, StreamSettings
 from easycore._engine.lifecycle import TICK
+from easycore._engine.runs import Flag, IteratorRuns, RunSource
 from easycore._engine.stats import RunnerStats
 from easycore._engine.transport import Transport
 from easycore.errors import EasycoreError, QueueFull
 
-_TARGET_BATCH_S = 0.004  # producer work per message the batching aims at
 # Adaptive reading: after the receiving thread waited this many times in a row for input with
 # nothing in flight (never more than one item in flight between: a request/response input),
 # it asks the input thread for the input; after this many items read there, it hands the
 # input back (the interval doubles each time the input proves request/response still).
 _DIRECT_AFTER = 4
 _PROBE_FIRST, _PROBE_LAST = 16, 1024
-_MAX_BATCH_BYTES = 1 << 20  # do not grow batches of large items past this
-_CACHED_INFLIGHT_BYTES = 48 << 20  # large items in flight: about this many bytes (see _window_now)
-_CACHED_MIN_PER_PRODUCER = 8  # ... but at least this many items per producer
-
-
-class RunSource(Protocol):
-    """An input read run by run (the pool's feed: ``easycore.parallel.feed.Feed``)."""
-
-    def next_run(self, limit: int, got: int | None) -> Iterable[Any] | None:
-        """The next run (at most ``limit`` items), waiting for one; None at the end.
-        ``got``: how many items the previous run gave (None: there was none, or it raised
-        and was given to :meth:`recover`). The run is the one :meth:`cut` cuts from before
-        it is returned."""
-
-    def cut(self) -> None:
-        """Ends the run being read after the item being read (any thread)."""
-
-    def recover(self, error: BaseException, got: int) -> Any:
-        """The run raised ``error`` after giving ``got`` items: None if the whole input
-        fails, else anything (reading goes on with the next run)."""
-
-
-class _Flag(list[Any]):
-    """A flag tested with ``if flag:`` at C speed (a list's length: no attribute lookup, no
-    method call); set from any thread with :meth:`set` (one slice assignment, atomic)."""
-
-    __slots__ = ()
-
-    def set(self, value: bool = True) -> None:
-        """Sets (or, with False, clears) the flag."""
-        self[:] = _SET if value else ()
-
-
-_SET = (True,)
-
-
-class InputOwner(Protocol):
-    """What the input side uses of its runner: the figures it learns across calls (the
-    stream writes them) and what to do with input that does not pickle."""
-
-    _cost_per_item: float  # producer seconds per item
-    _out_bytes_per_item: float  # pickled result bytes per item
-
-    def _drop_unsendable(self, items: list[Any], first: int, error: Exception) -> list[Any]:
-        """The items of a batch to send anyway (the others travel as None), or raises."""
+_SEQUENCES = (range, list, tuple)  # inputs sliced in place: reading them never blocks
 
 
 class InputSide:
-    """Reading and sending (see the module)."""
+    """Reading and sending for one call (see the module).
 
-    runner: InputOwner
-    workers: Transport
-    codec: wire.Codec
-    call: int
-    kind_work: int
-    seq_data: Sequence[Any] | None
-    it: Iterator[Any] | None
-    pos: int
-    buf: list[Any]
-    buf_off: int
-    runs_compact: bool
-    reader: threading.Thread | None
-    read_ahead: bool
-    adaptive: bool
-    direct: bool
-    want_direct: bool
-    starved: int
-    direct_reads: int
-    direct_total: int
-    probe_at: int
-    reader_done: bool
-    pack: Callable[[list[Any]], list[Any]] | None
-    cost: Callable[[], float] | None
-    runs: RunSource | None
-    bulk: bool
-    reader_waiting: bool
-    receiver_waiting: bool
-    attention: _Flag
-    input_error: BaseException | None
-    send_error: BaseException | None
-    send_lock: threading.Lock
-    in_full: bool
-    window: int
-    window_floor: int
-    n: int
-    max_batch: int
-    next_item: int
-    next_batch: int
-    pending: tuple[int, int, Any] | None
-    packed_counts: dict[int, int]
-    dispatched: int
-    dropped: int
-    delivered: int
-    results_in: int
-    bytes_per_item: float
-    max_inflight_bytes: int
-    abort: bool
-    cond: threading.Condition
-    last_progress: float
-    stats: RunnerStats
+    Args:
+        data_iter: the call's input.
+        workers: the call's transport (``send``, ``wake``, ``out_budget``).
+        codec: pickles the batches.
+        call: the call's number.
+        settings: the runner's stream settings (window, producers).
+        learned: the runner's learned figures (read here to size batches).
+        stats: the call's statistics (``batches``, ``bytes_in``, ``input_wait_s``).
+        keep_sendable: what to send of a batch that does not pickle (or it raises).
+        read_ahead, pack, cost, runs: as for :class:`~easycore._engine.stream.Call`.
+    """
 
-    # ----- reading (a helper thread, for inputs other than range/list/tuple) -----
+    def __init__(
+        self,
+        data_iter: Iterable[Any],
+        workers: Transport,
+        codec: wire.Codec,
+        call: int,
+        settings: StreamSettings,
+        learned: Learned,
+        stats: RunnerStats,
+        keep_sendable: Callable[[list[Any], int, Exception], list[Any]],
+        read_ahead: bool | None = None,
+        pack: Callable[[list[Any]], list[Any]] | None = None,
+        cost: Callable[[], float] | None = None,
+        runs: RunSource | None = None,
+    ) -> None:
+        self.workers = workers
+        self.codec = codec
+        self.call = call
+        self.kind_work = wire.pack_kind(wire.WORK, call)
+        self.stats = stats
+        self.keep_sendable = keep_sendable
+        sliced = type(data_iter) in _SEQUENCES
+        self.seq_data = cast("Sequence[Any]", data_iter) if sliced else None
+        self.it = None if self.seq_data is not None else iter(data_iter)
+        self.pos = 0  # next index of seq_data to send
+        # Items read from self.it; those before buf_off are sent. The reader only appends;
+        # the sender (under send_lock) advances buf_off. The sent prefix is removed now and
+        # then, under send_lock (each step atomic under the GIL), by the sender, or by a run
+        # reader between two runs (runs_compact): it counts a run's items by how much
+        # len(buf) grew. Removing the prefix at each batch would move every item behind it:
+        # with tens of thousands read ahead, that memmove was an eighth of the sender's time
+        # on tiny items.
+        self.buf: list[Any] = []
+        self.buf_off = 0
+        ahead = read_ahead is not False
+        # Adaptive reading: only for a runner's own iterator input (the pool's feed mixes
+        # many jobs' inputs in one stream).
+        self.adaptive = read_ahead is None and runs is None and self.it is not None
+        if runs is None and self.it is not None and ahead:
+            runs = IteratorRuns(self.it)  # a runner's iterator input, read in runs too
+        self.runs_compact = runs is not None and self.it is not None and ahead
+        self.reader: threading.Thread | None = None
+        self.read_ahead = ahead  # False: the receiving thread reads, one item at a time
+        # The input thread handed the input over (adaptive): the receiving thread reads it
+        # while nothing is in flight; set by the input thread (then parked), cleared by the
+        # receiving thread (between two reads) to hand it back. Under cond.
+        self.direct = False
+        # Set by the receiving thread to ask for the input (adaptive), cleared with direct.
+        self.want_direct = False
+        self.starved = 0  # the receiving thread's waits for input in a row (adaptive)
+        self.direct_reads = 0  # items read by the receiving thread since the hand-over
+        self.direct_total = 0  # items read by the receiving thread in this call
+        self.probe_at = _PROBE_FIRST  # direct reads before the input thread tries again
+        self.reader_done = self.seq_data is not None
+        self.pack = pack
+        self.runs = runs
+        # The reader is inside a list.extend of a run: the receiving thread, wanting each
+        # item as it comes, must cut the run (set before the reader looks at attention).
+        self.bulk = False
+        self.reader_waiting = False
+        self.receiver_waiting = False
+        # receiver_waiting or abort: the reader's one check per item
+        self.attention = Flag()
+        self.abort = False  # the call stops (any thread, through stop())
+        self.cond = threading.Condition()
+        self.input_error: BaseException | None = None
+        self.send_error: BaseException | None = None
+        self.send_lock = threading.Lock()
+        self.in_full = False
+        self.window = settings.window  # the most items in flight (see Sizing.window_now)
+        self.n = len(settings.devices)
+        # Results in flight (queued, being consumed, or waiting in the reorder buffer) stay
+        # within about twice the output queue's side budget, however large each result is.
+        self.sizing = Sizing(settings, learned, cost, 2 * workers.out_budget)
+        self.next_item = 0  # index of the next item to send
+        self.next_batch = 0  # sequence number of the next batch (see Call.start)
+        self.pending: tuple[int, int, Any] | None = None  # (seq, n_items, parts) unsent
+        # seq -> input items of a sent batch that ``pack`` made into fewer work items (its
+        # results, one per work item, stand for that many items); written under send_lock
+        # before the batch is sent, removed by the receiving thread when its results come.
+        self.packed_counts: dict[int, int] = {}
+        self.dispatched = 0  # items sent (under send_lock)
+        self.dropped = 0  # items read but never sent (unpicklable, dropped by the runner)
+        self.delivered = 0  # items handed out (written by the receiving thread only)
+        self.results_in = 0  # result messages of this call received (one per batch sent)
+        # when a result last came, or work went out with nothing in flight (the timeout's
+        # clock): written by the receiving thread and the sender
+        self.last_progress = time.monotonic()
 
-    def _room(self, read: int) -> int:
-        """Items the reader may read now (``read``: read so far): within the window (items
-        read but not delivered), a few batches at a time, so that the room is weighed again
-        as the sizes of items and results become known (large items are held to a few).
-        (Holding the reader to two batches beyond what the sender took was tried: under the
-        GIL it then waits for the GIL to refill, and the runners lost a third of their speed
-        on tiny items.)"""
-        room = self._window_now() - (read - self.delivered - self.dropped)
-        return min(room, 2 * self._batch_size())
+    # ----- the receiving side's interface (besides sending and reading directly) -----
 
-    def _wait_for_room(self, read: int) -> int:
-        """:meth:`_room`, waiting until there is some (the receiving thread wakes the reader
-        as results are delivered); 0 once the call is aborted."""
-        room = self._room(read)
-        if room > 0:
-            return room
+    def start_reader(
+        self, body: Callable[[InputSide], None], threads: list[threading.Thread]
+    ) -> None:
+        """Starts the input thread, ``body(self)`` (``reader.read_runs``), where the input
+        is an iterator read ahead, adding it to the call's ``threads`` first (a call its
+        input makes on the runner is then seen as one from inside the call)."""
+        if self.it is None or not self.read_ahead:
+            return
+        self.reader = threading.Thread(
+            target=body, args=(self,), name="easycore-input", daemon=True
+        )
+        threads.append(self.reader)
+        self.reader.start()
+
+    def receiver_sleeps(self) -> bool:
+        """The receiving thread is about to sleep on the output queue: it says so (the
+        reader then sends, or wakes it, as each item comes while a producer may be idle) and
+        gets True; False (and no sleep): there is something to do first."""
+        self.receiver_waiting = True
+        if self.adaptive and not self.want_direct:
+            self.note_starved()
+        need = self.producer_idle()
+        self.attention.set(need)
+        if need:
+            self.cut_bulk()  # a run being extended ends after its item
+        if (
+            self.ready_to_send()
+            or self.input_error is not None
+            or self.send_error is not None
+            or (self.direct and self.reads_direct())
+            or (self.reader_done and self.delivered >= self.dispatched and self.input_over())
+        ):
+            self.receiver_woke()
+            return False
+        return True
+
+    def receiver_woke(self) -> None:
+        """The receiving thread no longer sleeps."""
+        self.receiver_waiting = False
+        self.attention.set(self.abort)
+
+    def result_received(self, seq: int, n_results: int) -> int:
+        """A result message of batch ``seq`` came with ``n_results`` results: returns the
+        input items it stands for."""
+        self.results_in += 1
+        return self.packed_counts.pop(seq, None) or n_results
+
+    def delivered_chunk(self, count: int) -> None:
+        """``count`` input items were handed out: room for the reader."""
+        self.delivered += count
+        self.wake_reader()
+
+    def stop(self) -> None:
+        """Tells the reader and the receiver to stop (any thread): the flag they test, a
+        run being extended cut after its item, a reader waiting for room woken."""
+        self.abort = True
+        self.attention.set()
+        self.cut_bulk()
         with self.cond:
-            self.reader_waiting = True
-            while not self.abort and (room := self._room(read)) <= 0:
-                self.cond.wait(TICK)
-            self.reader_waiting = False
-        return 0 if self.abort else room
+            self.cond.notify_all()
 
-    def _wake_reader(self) -> None:
+    def join_reader(self) -> None:
+        """Waits (a tick at most) for the input thread to end: told to stop, it ends after
+        the item being read. Left running, it would also count as a thread in this process
+        when the next runner picks its start method (fork only while one thread runs). An
+        input blocked for longer is left to end on its own (a daemon thread)."""
+        reader = self.reader
+        if reader is not None and reader is not threading.current_thread():
+            reader.join(TICK)
+
+    # ----- reading: in the receiving thread, and what the input thread calls -----
+
+    def wake_reader(self) -> None:
         """The reader may wait for room: wake it (room was made)."""
         if self.reader_waiting:
             with self.cond:
                 self.cond.notify_all()
 
-    def _read_one(self) -> None:
+    def read_one(self) -> None:
         """The next input item, read in the receiving thread (``read_ahead=False``, or while
-        the input thread handed the input over: see :meth:`_hand_over`). Nothing is in
+        the input thread handed the input over: see :meth:`hand_over`). Nothing is in
         flight, so waiting for it here holds no result back."""
         t = time.perf_counter()
         if self.buf_off and self.reader is not None:
-            # Everything read is sent (see _reads_direct), and the input thread, parked,
+            # Everything read is sent (see reads_direct), and the input thread, parked,
             # removes no prefix meanwhile: drop the sent items here, so that they are not
             # kept alive until it takes the input back.
             with self.send_lock:
-                self._compact_sent()
+                self.compact_sent()
         try:
             self.buf.append(next(self.it))  # type: ignore[arg-type]
         except StopIteration:
-            self._input_ended()
+            self.input_ended()
         except BaseException as e:  # noqa: BLE001 - raised by the loop, as the reader's are
             self.input_error = e
-            self._input_ended()
+            self.input_ended()
         else:
             self.direct_total += 1
             if self.direct:
@@ -193,7 +263,7 @@ class InputSide:
                         self.cond.notify_all()
         self.stats.input_wait_s += time.perf_counter() - t
 
-    def _note_starved(self) -> None:
+    def note_starved(self) -> None:
         """The receiving thread, about to wait (adaptive reading): it counts the waits for
         input with nothing in flight and nothing buffered, and after a few in a row (never
         more than one item in flight between them) asks the input thread for the input
@@ -205,21 +275,21 @@ class InputSide:
             self.delivered >= self.dispatched
             and not self.reader_done
             and self.pending is None
-            and self._unsent() <= 0
+            and self.unsent() <= 0
         ):
             self.starved += 1
             if self.starved >= _DIRECT_AFTER:
                 self.want_direct = True
-                self._cut_bulk()
+                self.cut_bulk()
 
-    def _input_ended(self) -> None:
+    def input_ended(self) -> None:
         """The receiving thread saw the input end: a parked input thread ends too."""
         self.reader_done = True
         if self.reader is not None:
             with self.cond:
                 self.cond.notify_all()
 
-    def _reads_direct(self) -> bool:
+    def reads_direct(self) -> bool:
         """Whether the receiving thread reads the next item itself now: it reads the input
         (``read_ahead=False``, or handed over), nothing is in flight, nothing is waiting to
         be sent, and the input is not over."""
@@ -229,105 +299,16 @@ class InputSide:
             and not self.reader_done
             and self.pending is None
             and self.delivered >= self.dispatched
-            and self._unsent() <= 0
+            and self.unsent() <= 0
         )
 
-    def _hand_over(self) -> bool:
-        """The input thread, adaptive reading: the receiving thread asked for the input (it
-        behaved as a request/response loop: see :meth:`_note_starved`), so it reads it from
-        now on, whenever nothing is in flight (no hand-off through this thread for each
-        item: a thread switch or two per round trip). This thread waits until the
-        receiving thread hands it back (see :meth:`_read_one`); False: the call or the
-        input is over meanwhile."""
-        with self.cond:
-            self.direct = True
-            self.direct_reads = 0
-            if self.receiver_waiting:
-                self.workers.wake(self.call)  # it may sleep with nothing in flight
-            while self.direct and not self.abort and not self.reader_done:
-                self.cond.wait(TICK)
-        return not (self.abort or self.reader_done)
-
-    def _read_runs(self) -> None:
-        """The input thread (an iterator input, ``read_ahead``): the :class:`RunSource`
-        (the pool's feed, or :class:`~easycore._engine.runs.IteratorRuns` over a
-        runner's input) a run at a time, each pulled in by one ``list.extend`` (no Python
-        frame per item) while the receiving thread does not wait on each item; while it
-        does, item by item, waking the receiver as each comes. If it starts to wait
-        during an extend, it cuts the run (:meth:`RunSource.cut`): the extend ends after
-        the item being read, and the receiver is woken. Race-free: the reader announces
-        ``bulk`` before it looks at ``attention``; the receiver sets ``attention`` before
-        it looks at ``bulk``. A run's items are counted by how much ``len(buf)`` grew: only
-        this thread removes the sent prefix of ``buf`` (:meth:`_compact`), between runs."""
-        src = self.runs
-        assert src is not None
-        buf = self.buf
-        append, extend = buf.append, buf.extend
-        attention = self.attention
-        read = 0
-        got: int | None = None  # items the last run gave (None: no run to report)
-        try:
-            while not self.abort:
-                room = self._wait_for_room(read + self.direct_total)
-                if room <= 0:
-                    continue  # aborted
-                self._compact()
-                run = src.next_run(room, got)
-                got = None
-                if run is None:
-                    break  # the input is over
-                items = iter(run)
-                start = len(buf)
-                try:
-                    while not self.want_direct:  # (it then asks for the input)
-                        self.bulk = True
-                        if not attention:
-                            extend(items)  # to the run's end, or until the receiver cuts it
-                            self.bulk = False
-                            if attention:
-                                self._input_arrived()  # the run was cut for it (or ended)
-                            break
-                        self.bulk = False
-                        # The receiver waits on each item (a producer may be idle): each one
-                        # goes to it as it comes, until it no longer waits (every producer
-                        # has a batch); then the rest of the run in bulk.
-                        for x in items:
-                            append(x)
-                            if not attention:
-                                break
-                            if self.abort:
-                                return
-                            self._input_arrived()
-                            if self.want_direct:
-                                break  # the receiving thread asks for the input
-                        else:
-                            break  # the run is over
-                except BaseException as e:
-                    self.bulk = False
-                    n = len(buf) - start
-                    read += n
-                    if src.recover(e, n) is None:
-                        raise
-                    continue
-                got = len(buf) - start
-                read += got
-                if self.want_direct:
-                    if not self._hand_over():
-                        break
-                    got = None  # the receiving thread read meanwhile
-        except BaseException as e:  # noqa: BLE001 - raised in the receiving thread
-            self.input_error = e
-        finally:
-            self.reader_done = True
-            self._input_arrived()
-
-    def _cut_bulk(self) -> None:
+    def cut_bulk(self) -> None:
         """A run being pulled in by ``list.extend`` ends after its item (the call stops, or
         the receiver waits on each item)."""
         if self.bulk and self.runs is not None:
             self.runs.cut()
 
-    def _input_arrived(self) -> None:
+    def input_arrived(self) -> None:
         """New input (or its end) while the receiver may sleep on the output queue. While a
         producer may be idle (fewer batches on their way than producers), it is sent from
         here at once, and the receiver sleeps on, still hearing of each new item: so the next
@@ -337,11 +318,11 @@ class InputSide:
             return
         if (
             self.input_error is None
-            and self._producer_idle()
+            and self.producer_idle()
             and self.send_lock.acquire(blocking=False)
         ):
             try:
-                sent = self._send_available()
+                sent = self.send_available()
             except BaseException as e:  # noqa: BLE001 - raised in the receiving thread
                 self.send_error = e
                 sent = False
@@ -352,66 +333,33 @@ class InputSide:
                 # send while a producer may still be idle. (A receiver that woke meanwhile
                 # finds this flag set: harmless, it sets it afresh before it sleeps again.)
                 if self.receiver_waiting:
-                    self.attention.set(self._producer_idle() or self.abort)
+                    self.attention.set(self.producer_idle() or self.abort)
                 return
         self.receiver_waiting = False
         self.attention.set(self.abort)
         self.workers.wake(self.call)
 
-    def _producer_idle(self) -> bool:
+    def producer_idle(self) -> bool:
         """Whether a producer may be without work: fewer batches on their way (sent, their
         results not received yet) than producers."""
         return self.stats.batches - self.results_in < self.n
 
     # ----- sending -----
 
-    def _cost(self) -> float:
-        """Producer seconds per item that batches are sized by (0: not known yet)."""
-        return self.runner._cost_per_item if self.cost is None else self.cost()
-
-    def _blind(self) -> bool:
+    def blind(self) -> bool:
         """Whether the cost per item is not known yet and every producer has a batch: then
         nothing more is sent until results teach it. (Sent blind, every buffered item went
         as a batch of its own: a fresh pool's first imap over a generator of 300k tiny items
         sent 49k batches, its sender looping on them and never back to its results.)"""
-        return self._cost() <= 0 and not self._producer_idle()
+        return self.sizing.cost_now() <= 0 and not self.producer_idle()
 
-    def _batch_size(self) -> int:
-        cost = self._cost()
-        if cost <= 0:
-            return 1
-        bs = int(_TARGET_BATCH_S / cost)
-        largest = max(self.bytes_per_item, self.runner._out_bytes_per_item)
-        if largest > 0:
-            bs = min(bs, int(_MAX_BATCH_BYTES / largest))
-        return max(1, min(bs, self.max_batch))
-
-    def _window_now(self) -> int:
-        """Items allowed in flight: ``window``; with the runner's default window, only as
-        many as keep four batches per producer in flight (at least the floor: more only once
-        items are known to be cheap, so a slow input is not read far ahead); fewer when
-        items or results are large (the items read ahead wait in this process's memory)."""
-        window = self.window
-        if self.window_floor < window:
-            window = min(window, max(self.window_floor, 4 * self.n * self._batch_size()))
-        largest = max(self.bytes_per_item, self.runner._out_bytes_per_item)
-        if largest <= 0:
-            return window
-        by_bytes = int(self.max_inflight_bytes / largest)
-        # Large items: about a cache's worth in flight, not the whole budget (at least a few
-        # per producer): the segments they travel in are then written and read while still
-        # cached. With the whole budget in flight, 1 MiB results took 191 MiB of segments
-        # in turn and came 1.5x slower (2-core VM, 32 MiB L3).
-        cached = max(int(_CACHED_INFLIGHT_BYTES / largest), _CACHED_MIN_PER_PRODUCER * self.n)
-        return max(1, min(window, by_bytes, cached))
-
-    def _next_items(self) -> Any:
+    def next_items(self) -> Any:
         """The next batch's items (what the window and the buffer allow), or None."""
         if self.seq_data is not None:
-            room = self._window_now() - (self.dispatched - self.delivered)
+            room = self.sizing.window_now() - (self.dispatched - self.delivered)
             if room <= 0 and self.dispatched > self.delivered:
                 return None
-            size = max(1, min(self._batch_size(), room))
+            size = max(1, min(self.sizing.batch_size(), room))
             items = self.seq_data[self.pos : self.pos + size]
             if not items:
                 self.pos = len(self.seq_data)
@@ -423,44 +371,44 @@ class InputSide:
         n = len(buf) - off
         if n <= 0:
             return None
-        end = off + min(n, self._batch_size())
+        end = off + min(n, self.sizing.batch_size())
         items = buf[off:end]
         self.buf_off = end
         if not self.runs_compact:
-            self._compact_sent()
+            self.compact_sent()
         return items
 
-    def _compact_sent(self) -> None:
+    def compact_sent(self) -> None:
         """Under send_lock: removes the sent prefix of ``buf`` once it is at least half the
         list (moving no more items than were sent since the last removal). buf_off is reset
-        first: a thread that reads len(buf) and then buf_off (see _unsent) may overcount,
+        first: a thread that reads len(buf) and then buf_off (see unsent) may overcount,
         never undercount."""
         off = self.buf_off
         if off and 2 * off >= len(self.buf):
             self.buf_off = 0
             del self.buf[:off]
 
-    def _compact(self) -> None:
-        """The run reader, between two runs: :meth:`_compact_sent` if the sender is not busy
+    def compact(self) -> None:
+        """The run reader, between two runs: :meth:`compact_sent` if the sender is not busy
         (it waits for it only when more than a window of sent items piled up)."""
         if not self.buf_off:
             return
         lock = self.send_lock
         if lock.acquire(timeout=TICK) if self.buf_off > self.window else lock.acquire(False):
             try:
-                self._compact_sent()
+                self.compact_sent()
             finally:
                 lock.release()
 
-    def _unsent(self) -> int:
+    def unsent(self) -> int:
         """Items read but not taken by the sender (a racing sender makes it an overcount,
         never an undercount: len(buf) is read before buf_off)."""
         n = len(self.buf)
         return n - self.buf_off
 
-    def _make_batch(self) -> tuple[int, int, Any] | None:
+    def make_batch(self) -> tuple[int, int, Any] | None:
         """The next batch: ``(seq, count, parts)``, ``count`` the input items it carries."""
-        items = self._next_items()
+        items = self.next_items()
         if items is None:
             return None
         count = len(items)
@@ -471,10 +419,10 @@ class InputSide:
         try:
             parts = self.codec.dumps((first, items))
         except Exception as e:
-            kept = self.runner._drop_unsendable(list(items), first, e)
+            kept = self.keep_sendable(list(items), first, e)
             if len(kept) != len(items):
                 if pack is not None:  # which input items a dropped one stood for is unknown
-                    raise EasycoreError("_drop_unsendable must keep a packed batch's length") from e
+                    raise EasycoreError("keep_sendable must keep a packed batch's length") from e
                 self.dropped += count - len(kept)  # under send_lock
                 count = len(kept)
             if not kept:
@@ -482,7 +430,7 @@ class InputSide:
             items = kept
             parts = self.codec.dumps((first, items))
         nb = wire.nbytes(parts)
-        self.bytes_per_item = nb / count
+        self.sizing.bytes_per_item = nb / count
         self.stats.bytes_in += nb
         seq = self.next_batch
         self.next_batch += 1
@@ -491,15 +439,15 @@ class InputSide:
             self.packed_counts[seq] = count  # its results are fewer than its input items
         return seq, count, parts
 
-    def _send_available(self) -> bool:
+    def send_available(self) -> bool:
         """Sends what is ready, never blocking (call under ``send_lock``); whether it sent."""
         send = self.workers.send
         sent = False
         while not self.abort:
             if self.pending is None:
-                if self._blind():
+                if self.blind():
                     return sent
-                self.pending = self._make_batch()
+                self.pending = self.make_batch()
                 if self.pending is None:
                     return sent
             seq, count, parts = self.pending
@@ -521,16 +469,16 @@ class InputSide:
     def drained(self) -> bool:
         """Whether every item read was sent and every batch sent came back (in the receiving
         thread, or once it stopped: then nothing is on its way)."""
-        return self.pending is None and self._unsent() <= 0 and self.delivered >= self.dispatched
+        return self.pending is None and self.unsent() <= 0 and self.delivered >= self.dispatched
 
-    def _input_over(self) -> bool:
+    def input_over(self) -> bool:
         if self.seq_data is not None:
             return self.pos >= len(self.seq_data) and self.pending is None
-        return self.reader_done and self._unsent() <= 0 and self.pending is None
+        return self.reader_done and self.unsent() <= 0 and self.pending is None
 
-    def _ready_to_send(self) -> bool:
-        if self.pending is not None or self.in_full or self._blind():
+    def ready_to_send(self) -> bool:
+        if self.pending is not None or self.in_full or self.blind():
             return False
         if self.seq_data is not None:
             return False  # sliced by the receiver itself: nothing arrives behind its back
-        return self._unsent() > 0
+        return self.unsent() > 0

@@ -1,6 +1,6 @@
 """Local producers: the two shared-memory queues, one process per device running
 ``process_main.producer_main``, and the wait until each ran ``producer_init``
-(:func:`start_local`, configured by a frozen :class:`LocalStart`). Start-up failures are
+(:func:`start_local`, configured by a frozen :class:`ProducerStart`). Start-up failures are
 explained here: a runner class or cfg that spawn cannot send, a main script without a
 ``__main__`` guard, a producer that died while starting."""
 
@@ -20,6 +20,7 @@ from typing import Any
 from easycore._core import Queue, identity, shm_space, sweep_stale_segments
 from easycore._engine import producer as _producer
 from easycore._engine import wire
+from easycore._engine.extension import Fixer
 from easycore._engine.flavour import Flavour
 from easycore._engine.lifecycle import TICK
 from easycore._engine.process_main import producer_main
@@ -62,8 +63,10 @@ def _unpicklable_cfg_key(cfg: Any) -> str:
 
 
 @dataclass(frozen=True)
-class LocalStart:
-    """How to start a runner's local producers.
+class ProducerStart:
+    """How to start a runner's producers: all of it for local ones (:func:`start_local`);
+    a remote backend (``easycore.ray``) reads ``hooks``, ``cfg``, ``seed``,
+    ``seed_per_item``, ``flavour``, ``setup`` and ``fix_unsendable``.
 
     Attributes:
         hooks: the runner class (pickled to spawned producers; its hooks run there).
@@ -75,6 +78,8 @@ class LocalStart:
         queue_scale: scales the queues' byte budgets with the number of producers.
         flavour: the codec and the start context.
         setup: ``setup(device)`` run first in each producer, or None.
+        fix_unsendable: run in a producer on a batch whose results do not pickle, or None
+            (see ``extension.Extension``).
         seed_per_item: each item's random stream is seeded from the seed, the call and its
             index (see ``producer.seed_for_item``).
         init_timeout: most seconds the producers may take to start and run
@@ -93,6 +98,7 @@ class LocalStart:
     queue_scale: float
     flavour: Flavour
     setup: Callable[[str], Any] | None
+    fix_unsendable: Fixer | None = None
     seed_per_item: bool = False
     init_timeout: float | None = None
     zygote: Zygote | None = None
@@ -156,7 +162,7 @@ class LocalStart:
             ) from None
 
 
-def start_local(start: LocalStart) -> LocalWorkers:
+def start_local(start: ProducerStart) -> LocalWorkers:
     """Starts the producers and waits until each ran ``producer_init``; on any failure,
     stops what started and raises."""
     start.check_spawnable()
@@ -201,16 +207,19 @@ def start_local(start: LocalStart) -> LocalWorkers:
                 if forked is not None:
                     procs.append(forked)
                     continue
-            opts = {
-                "n": n,
-                "seed": start.seed,
-                "seed_per_item": start.seed_per_item,
-                "start_method": start.start_method,
-                "state": state,
-            }
             p = ctx.Process(
                 target=producer_main,
-                args=(start.hooks, i, dev, start.cfg, in_q, out_q, os.getpid(), start.setup, opts),
+                args=(
+                    start.hooks,
+                    i,
+                    dev,
+                    start.cfg,
+                    in_q,
+                    out_q,
+                    os.getpid(),
+                    start.setup,
+                    _producer_options(start, n, state),
+                ),
                 name=name,
                 daemon=False,
             )
@@ -235,7 +244,20 @@ def start_local(start: LocalStart) -> LocalWorkers:
     return workers
 
 
-def make_zygote(start: LocalStart) -> Zygote | None:
+def _producer_options(start: ProducerStart, n: int, state: Any) -> dict[str, Any]:
+    """``producer_main``'s options for one of ``start``'s ``n`` producers."""
+    return {
+        "n": n,
+        "seed": start.seed,
+        "seed_per_item": start.seed_per_item,
+        "start_method": start.start_method,
+        "state": state,
+        "codec": start.flavour.codec(),
+        "fix_unsendable": start.fix_unsendable,
+    }
+
+
+def make_zygote(start: ProducerStart) -> Zygote | None:
     """A zygote that forks ``start``'s producers, for starts under fork (None for other start
     methods, or where the shared state cannot be passed to it: no ``memfd_create``). Call it
     while this process runs one thread: the zygote is a fork of it as it is now, and so is
@@ -245,26 +267,27 @@ def make_zygote(start: LocalStart) -> Zygote | None:
     return Zygote(functools.partial(_zygote_producer, start), identity())
 
 
-def _zygote_producer(start: LocalStart, blob: bytes, fds: list[int]) -> None:
+def _zygote_producer(start: ProducerStart, blob: bytes, fds: list[int]) -> None:
     """A producer forked by the zygote: attaches to the queues and the shared state it was
     sent, then runs as any forked producer (``start`` is the zygote's copy: the caller's
     as it was when the zygote was made)."""
     i, in_q, out_q, parent_pid, n = pickle.loads(blob)  # the queues attach by name
     state = memoryview(mmap.mmap(fds[-1], 8 * _producer.state_size(n))).cast("q")
     os.close(fds[-1])
-    opts = {
-        "n": n,
-        "seed": start.seed,
-        "seed_per_item": start.seed_per_item,
-        "start_method": "fork",
-        "state": state,
-    }
     producer_main(
-        start.hooks, i, start.devices[i], start.cfg, in_q, out_q, parent_pid, start.setup, opts
+        start.hooks,
+        i,
+        start.devices[i],
+        start.cfg,
+        in_q,
+        out_q,
+        parent_pid,
+        start.setup,
+        _producer_options(start, n, state),
     )
 
 
-def _await_ready(start: LocalStart, workers: LocalWorkers) -> None:
+def _await_ready(start: ProducerStart, workers: LocalWorkers) -> None:
     codec = start.flavour.codec()
     ready = 0
     limit = start.init_timeout if start.init_timeout is not None else _START_TIMEOUT
@@ -292,7 +315,7 @@ def _await_ready(start: LocalStart, workers: LocalWorkers) -> None:
                 raise worker_error(codec.loads(parts))
 
 
-def _start_death(start: LocalStart, died: WorkerDiedError) -> EasycoreError:
+def _start_death(start: ProducerStart, died: WorkerDiedError) -> EasycoreError:
     """The error for a producer that died before it was ready."""
     if start.start_method != "fork" and died.exitcode == _UNGUARDED_MAIN_EXIT:
         return StartMethodError(

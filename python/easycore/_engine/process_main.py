@@ -119,8 +119,9 @@ def producer_main(
         setup: optional callable ``setup(device)`` run first (torch flavour: CUDA device,
             thread counts).
         options: ``n`` (number of producers), ``seed`` (the base seed), ``seed_per_item``,
-            ``start_method`` and ``state``
-            (the shared state array: what each producer works on, and ``abort_below``).
+            ``start_method``, ``state`` (the shared state array: what each producer works
+            on, and ``abort_below``), ``codec`` (the flavour's) and ``fix_unsendable`` (see
+            ``extension.Extension``).
     """
     opts = options or {}
     ignore_signal(signal.SIGINT)
@@ -145,6 +146,8 @@ def producer_main(
         setup,
         opts.get("state"),
         seed_per_item=bool(opts.get("seed_per_item", False)),
+        codec=opts.get("codec"),
+        fix=opts.get("fix_unsendable"),
     )
     core.begin(os.getpid())
     if opts.get("start_method") == "fork":

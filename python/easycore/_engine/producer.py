@@ -80,8 +80,7 @@ class Interrupted(BaseException):
 
 
 class ProducerHooks(Protocol):
-    """What a producer uses of the runner class: the three producer hooks, the flavour's
-    codec and, optionally, a fixer for results that do not pickle."""
+    """What a producer uses of the runner class: the three producer hooks."""
 
     @staticmethod
     def producer_init(device: str, cfg: Any) -> None: ...
@@ -89,12 +88,6 @@ class ProducerHooks(Protocol):
     def producer_work(device: str, cfg: Any, data: Any) -> Any: ...
     @staticmethod
     def producer_end(device: str, cfg: Any) -> Any: ...
-    @classmethod
-    def _codec(cls) -> wire.Codec: ...
-    @staticmethod
-    def _fix_unsendable(results: list[Any], device: str) -> list[Any] | None:
-        """The results of a batch that did not pickle, the culprits replaced by error
-        reports (the pool's: one bad result fails only its own call); None: no fix."""
 
 
 def seed_all(seed: int, done: set[str]) -> None:
@@ -223,6 +216,10 @@ class ProducerCore:
         seed_per_item: seed ``random``, numpy and torch before each item from the base seed,
             the call and the item's index (:func:`seed_for_item`), so that what an item
             draws does not depend on which producer runs it.
+        codec: the flavour's codec (None: the plain one).
+        fix: ``fix(results, device)``, run on a batch whose results do not pickle: the
+            results with the culprits replaced by error reports (the pool's, so that one bad
+            result fails only its own call), or None; None: the batch's call fails.
     """
 
     def __init__(
@@ -236,6 +233,8 @@ class ProducerCore:
         setup: Callable[[str], Any] | None = None,
         state: Any = None,
         seed_per_item: bool = False,
+        codec: wire.Codec | None = None,
+        fix: Callable[[list[Any], str], list[Any] | None] | None = None,
     ) -> None:
         self.hooks = hooks
         self.index = index
@@ -246,9 +245,9 @@ class ProducerCore:
         self.base_seed = seed
         self.seed_per_item = seed_per_item
         self.setup = setup
-        self.codec: wire.Codec = hooks._codec()
+        self.codec: wire.Codec = codec if codec is not None else wire.Codec()
         self.work = hooks.producer_work
-        self.fix = hooks._fix_unsendable
+        self.fix = fix
         self.state = memoryview(state).cast("B").cast("q") if state is not None else None
         self.me = STATE_FIELDS * index
         self.abort_word = STATE_FIELDS * n_producers
@@ -399,6 +398,8 @@ class ProducerCore:
         """The batch's results did not pickle: if the hooks have a fixer (the pool's), the
         results it returns (the culprits replaced by error reports) are pickled instead."""
         first, results, *rest = payload
+        if self.fix is None:
+            return None
         try:
             fixed = self.fix(results, self.device)
             return None if fixed is None else self.codec.dumps((first, fixed, *rest))

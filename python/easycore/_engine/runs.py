@@ -1,6 +1,6 @@
 """An iterator input read in *runs*: C-level chains over its items that any thread can cut.
 
-The engine's input thread (``Call._read_runs`` in ``call.py``) pulls each run into its buffer
+The engine's input thread (``read_runs`` in ``reader.py``) pulls each run into its buffer
 with one ``list.extend``: no Python frame per item, where a Python loop (``for x in
 islice(it, n): append(x)``) cost about 100 ns an item in the caller's process, a tenth of
 the whole per-item budget on tiny items. A run must still end between two items when the
@@ -8,18 +8,52 @@ engine's receiving thread starts to wait on each item (a producer may be idle, o
 input is a feedback loop whose next item waits for a result): that thread empties the run's
 *gate*, and the extend ends after the item being read.
 
-:func:`gated` makes one run; :class:`IteratorRuns` is a runner's input as the engine's
-``RunSource``. The pool's feed (``easycore.parallel.feed``) makes its runs with
-:func:`gated` too, one per segment of a call's input.
+:func:`gated` makes one run; :class:`RunSource` is what the input thread reads runs from;
+:class:`IteratorRuns` is a runner's input as a ``RunSource``. The pool's feed
+(``easycore.parallel.feed``) is the other ``RunSource``; it makes its runs with
+:func:`gated` too, one per segment of a call's input. :class:`Flag` is how the receiving
+thread asks the input thread, at C speed, to hand each item over as it comes.
 """
 
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, Protocol
 
 _second = operator.itemgetter(1)
+
+
+class RunSource(Protocol):
+    """An input read run by run (a runner's: :class:`IteratorRuns`; the pool's feed:
+    ``easycore.parallel.feed.Feed``)."""
+
+    def next_run(self, limit: int, got: int | None) -> Iterable[Any] | None:
+        """The next run (at most ``limit`` items), waiting for one; None at the end.
+        ``got``: how many items the previous run gave (None: there was none, or it raised
+        and was given to :meth:`recover`). The run is the one :meth:`cut` cuts from before
+        it is returned."""
+
+    def cut(self) -> None:
+        """Ends the run being read after the item being read (any thread)."""
+
+    def recover(self, error: BaseException, got: int) -> Any:
+        """The run raised ``error`` after giving ``got`` items: None if the whole input
+        fails, else anything (reading goes on with the next run)."""
+
+
+class Flag(list[Any]):
+    """A flag tested with ``if flag:`` at C speed (a list's length: no attribute lookup, no
+    method call); set from any thread with :meth:`set` (one slice assignment, atomic)."""
+
+    __slots__ = ()
+
+    def set(self, value: bool = True) -> None:
+        """Sets (or, with False, clears) the flag."""
+        self[:] = _SET if value else ()
+
+
+_SET = (True,)
 
 
 def gated(it: Iterator[Any], n: int) -> tuple[Iterator[Any], list[None]]:

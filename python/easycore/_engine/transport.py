@@ -1,7 +1,7 @@
 """The transport: how a stream reaches the producers of an active runner (:class:`Transport`),
 with the shutdown sequence every transport shares; its local implementation over two
 shared-memory queues and producer processes (:class:`LocalWorkers`). The Ray backend's
-actors are the other implementation (``easycore.ray._backend.RayWorkers``).
+actors are the other implementation (``easycore.ray._workers.RayWorkers``).
 
 A transport sends batches (:meth:`~Transport.send`, never blocking: ``QueueFull`` when the
 producers have enough), receives results and error reports (:meth:`~Transport.receive`),
@@ -22,12 +22,14 @@ from typing import Any
 from easycore._core import Queue, sweep_dead_pids
 from easycore._engine import lifecycle, wire
 from easycore._engine import process_main as _worker
+from easycore._engine import producer as _producer
 from easycore._engine.lifecycle import INTERRUPT_GRACE_S, Stage
 from easycore.errors import (
     RUNNER_CLOSED,
     QueueClosed,
     QueueEmpty,
     QueueFull,
+    RunnerTimeoutError,
     WorkerDiedError,
 )
 
@@ -97,6 +99,45 @@ class Transport:
     def kill_now(self) -> None:
         """Kills every producer at once (second Ctrl-C, exit)."""
         raise NotImplementedError
+
+    def stall_error(
+        self, devices: Sequence[str], call: int, timeout: float, in_flight: int
+    ) -> RunnerTimeoutError:
+        """The error for call ``call`` that got no result within ``timeout`` seconds with
+        ``in_flight`` items in flight: names the producer stuck longest in one of its
+        batches (from :attr:`view`), if any."""
+        view = self.view
+        now = time.monotonic_ns()
+        stuck = []
+        for i in range(len(devices)):
+            base = _producer.STATE_FIELDS * i
+            item = view[base + _producer.ITEM]
+            if item >= 0 and view[base + _producer.CALL] == call:
+                stuck.append(
+                    (view[base + _producer.SINCE_NS], i, item, view[base + _producer.COUNT])
+                )
+        if stuck:
+            since, i, item, count = min(stuck)
+            pid = self.procs[i].pid
+            dev = devices[i]
+            which = f"item {item}" if count <= 1 else f"one of items {item}..{item + count - 1}"
+            return RunnerTimeoutError(
+                f"no result within timeout={timeout} s: producer {i} (device {dev!r}, "
+                f"pid {pid}) is stuck in producer_work on {which} (its batch started "
+                f"{(now - since) / 1e9:.1f} s ago). The runner was closed (its producers were "
+                "stopped); call activate() to restart it",
+                timeout=timeout,
+                item=item,
+                producer=i,
+                device=dev,
+                pid=pid,
+            )
+        return RunnerTimeoutError(
+            f"no result within timeout={timeout} s ({in_flight} items in flight, none "
+            "in producer_work: the producers are slow to take or return work). The runner "
+            "was closed; call activate() to restart it",
+            timeout=timeout,
+        )
 
     def _stop(self, timeout: float, interrupt: bool) -> None:
         raise NotImplementedError

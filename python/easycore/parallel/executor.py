@@ -26,9 +26,8 @@ _LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()
 def _finish_at_exit() -> None:
     for pool in list(_LIVE):
         try:
-            if not pool._terminated:
-                pool.close()
-                pool.join()
+            pool.close()  # harmless after terminate()
+            pool.join()
         except BaseException:  # noqa: BLE001, S110 - exiting: the exit hook stops the rest
             pass
 
@@ -87,10 +86,10 @@ class PoolExecutor(Executor):
             kwargs.setdefault("start_method", "spawn")
             kwargs["maxtasksperchild"] = max_tasks_per_child
         self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
-        self.pool._open_flag.append(False)  # dropped without shutdown(): no warning
+        # Dropped without shutdown(): no warning; a future's error's cause as the stdlib's.
+        self.pool._for_executor(_RemoteTraceback)
         # What ProcessPoolExecutor calls its start method (code written for it reads it).
         self._mp_context = multiprocessing.get_context(self.pool.start_method)
-        self.pool._remote_tb = _RemoteTraceback  # a future's error's cause, as the stdlib's
         _LIVE.add(self.pool)
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
@@ -150,15 +149,9 @@ class PoolExecutor(Executor):
         """
         pool = self.pool
         if cancel_futures:
-            with pool._cv:
-                # Those the workers take next count as running (the stdlib's call queue
-                # holds as many): the rest is cancelled.
-                keep = max(0, pool._task_window - len(pool._running))
-                queued = list(pool._tasks)[keep:]
-                for _ in queued:
-                    pool._tasks.pop()
-            for fut, _tid, _blob in queued:
-                fut.cancel()
+            # Those the workers take next count as running (the stdlib's call queue holds as
+            # many): the rest is cancelled.
+            pool._cancel_queued()
         pool.close()
         if wait:
             pool.join()

@@ -1,7 +1,9 @@
 """The pool's input: the iterable that the pool's one streaming runner call reads.
 
-The feed takes queued ``submit`` tasks first, then the open ``map``/``imap`` jobs in turn, each
-at most its room ahead of what its caller consumed (see ``job.py``). What it hands the
+The feed talks to one object, the pool's scheduler (``schedule.py``, the :class:`WorkSource`
+below): it asks it for the next work (queued ``submit`` tasks first, then the open
+``map``/``imap`` jobs in turn, each at most its room ahead of what its caller consumed, see
+``job.py``), one lock acquisition per run, and turns that work into runs. What it hands the
 engine are *work items* ``(job, index, function, argument, mode)``; a producer returns
 ``(job, index, ok, value)`` for each.
 
@@ -51,16 +53,12 @@ from __future__ import annotations
 import itertools
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from easycore._engine.lifecycle import TICK
 from easycore._engine.runs import gated
 
 if TYPE_CHECKING:
-    import threading
-    from concurrent.futures import Future
-
     from easycore.parallel.job import _Job
 
 _WorkItem: TypeAlias = tuple[int, int, Any, Any, int]
@@ -69,7 +67,6 @@ _WorkResult: TypeAlias = tuple[int, int, bool, Any]
 """``(job, index, ok, value)``, what a producer returns for a work item."""
 
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of a work item
-_IDLE_END_S = 1.0  # seconds without work after which a stream ends (see Feed._choose)
 _HEALTH_EVERY_S = 0.005  # at most this often, the feed asks whether a worker died
 # Most items in one segment: its gate list is allocated whole, and a segment that a submit
 # cuts early would waste the rest (a few µs of bookkeeping per segment is nothing at this size).
@@ -91,40 +88,36 @@ class _Segment:
         self.cut = False
 
 
-class Scheduler(Protocol):
-    """What the feed reads and writes of its pool (:class:`~easycore.parallel.Pool`): the
-    work waiting, under ``_cv``, and three questions."""
+class WorkSource(Protocol):
+    """What the feed asks of the pool's scheduler (``schedule.Scheduler``), its one
+    counterpart: the next work, and the stream's questions."""
 
-    _cv: threading.Condition  # guards everything below
-    _tasks: deque[tuple[Future[Any], int, bytes]]  # submitted, not sent: (future, id, pickle)
-    _running: dict[int, Future[Any]]  # sent tasks by id
-    _task_window: int  # most tasks sent ahead
-    _jobs: dict[int, _Job]  # open map/imap calls by id
-    _turn: int  # the next job to take items from, round robin
-    _closing: bool
-    _generation: int  # the stream's number: a feed of an older one takes nothing
-    _cuts: int  # times the feed was asked to end the segment it reads
-    _tasks_per_stream: int  # maxtasksperchild × workers: the stream then ends (0: no bound)
-    _recycle: bool  # set by the feed: the stream ended for the workers to be replaced
-    _feed_waiting: bool  # the feed waits for work
+    @property
+    def cuts(self) -> int:
+        """Times the feed was asked to end the segment it reads."""
 
-    def _all_sent(self) -> bool:
-        """Whether no task waits and every open job's input was read (or abandoned)."""
+    @property
+    def tasks_per_stream(self) -> int:
+        """Tasks and items after which the stream ends (0: no bound)."""
 
-    def _compact_input(self) -> None:
-        """Frees the input already sent (before the feed waits)."""
+    def next_work(
+        self, generation: int, before_taking: Callable[[], None]
+    ) -> tuple[_Job | _WorkItem, int]:
+        """A task's work item or a job with room, and the cut count; waits. StopIteration
+        at the end. ``before_taking`` runs (under the scheduler's lock) before work is
+        taken."""
 
-    def _worker_died(self) -> bool:
-        """Whether a worker has died (the feed then takes no more work)."""
+    def wake_feed(self) -> None:
+        """Wakes the feed if it waits for work."""
 
-    def _stream_drained(self) -> bool:
+    def worker_died(self) -> bool:
+        """Whether a worker of the stream has died."""
+
+    def stream_drained(self) -> bool:
         """Whether nothing is on its way in the stream (a guess)."""
 
-    def _auto_chunk(self, job: _Job) -> int:
-        """The chunk size of a job without one."""
-
-    def _wake_feed(self) -> None:
-        """Wakes a feed waiting for work."""
+    def auto_chunk(self, job: _Job) -> int:
+        """The chunk size of a sliced job without a ``chunksize``."""
 
 
 class Feed:
@@ -132,8 +125,8 @@ class Feed:
     iterated by the engine's input thread, :meth:`pack` called by its sender. Ends when the
     stream is replaced or the pool closes."""
 
-    def __init__(self, pool: Scheduler, generation: int) -> None:
-        self.pool = pool
+    def __init__(self, scheduler: WorkSource, generation: int) -> None:
+        self.scheduler = scheduler
         self.generation = generation
         # Registered segments not yet packed, oldest first: the input thread appends, the
         # sender pops from the left (each an atomic deque operation).
@@ -141,10 +134,12 @@ class Feed:
         self.reading: _Segment | None = None  # the job segment the input thread is in
         self.pos = 0  # raw items in every settled segment: where the next segment starts
         self.packed = 0  # raw items packed so far (the sender's position in the stream)
-        # Set (under the pool's lock) when the feed found a worker dead before taking more
-        # work: it ends the stream and takes nothing more, so a stream that then delivered
-        # everything it sent lost nothing (see Pool._quiet_restart).
+        # Set (under the scheduler's lock) when the feed found a worker dead before taking
+        # more work: it ends the stream and takes nothing more, so a stream that then
+        # delivered everything it sent lost nothing (see StreamService.quiet_restart).
         self.stopped_for_death = False
+        # Set when the stream ended for its workers to be replaced (maxtasksperchild).
+        self.recycled = False
         self._next_health = 0.0
         self.sent = 0  # tasks and items taken (at most; for maxtasksperchild)
 
@@ -174,20 +169,20 @@ class Feed:
         the last :meth:`recover`). A job's run reads at most ``limit`` items; it is the
         segment being read (``reading``, cut by :meth:`cut`) from before it is returned, and
         settled by the next call."""
-        pool = self.pool
+        scheduler = self.scheduler
         while True:
             seg = self.reading
             if seg is not None:
                 assert got is not None, "a job's run ended without its count"
                 self._settle(seg, got, None)
-            budget = pool._tasks_per_stream
+            budget = scheduler.tasks_per_stream
             if budget and self.sent >= budget:
-                pool._recycle = True  # the workers ran their tasks: replace them
+                self.recycled = True  # the workers ran their tasks: replace them
                 return None
             # No reference to a finished job while waiting (its input and results are freed).
             job = seg = chosen = None
             try:
-                chosen, cuts = self._choose()
+                chosen, cuts = scheduler.next_work(self.generation, self._stop_if_a_worker_died)
             except StopIteration:
                 return None
             if isinstance(chosen, tuple):
@@ -204,11 +199,11 @@ class Feed:
                 run, seg.gate = gated(job.it, seg.n)
                 self.segs.append(seg)  # registered before the engine sees its first item
                 self.reading = seg
-                if cuts != pool._cuts or job.closed:
-                    self.cut()  # something asked for a cut since _choose looked
+                if cuts != scheduler.cuts or job.closed:
+                    self.cut()  # something asked for a cut since next_work looked
                 return run
             # A range/list/tuple is sliced; an iterator with a chunksize waits to fill one.
-            auto = pool._auto_chunk(job) if job.seq is not None else 1
+            auto = scheduler.auto_chunk(job) if job.seq is not None else 1
             size = max(1, min(job.chunksize or auto, ahead))
             try:
                 if job.seq is not None:
@@ -260,66 +255,20 @@ class Feed:
         """``job``'s input is over (``job.pulled`` counts every item read)."""
         job.input_done = True
         job.wake()
-        self.pool._wake_feed()
-
-    def _choose(self) -> tuple[_Job | _WorkItem, int]:
-        """A task item to send, or a job with room, and the pool's cut count when chosen;
-        waits for either. StopIteration at the end."""
-        pool = self.pool
-        idle_since: float | None = None
-        with pool._cv:
-            while True:
-                if self.generation != pool._generation:
-                    raise StopIteration
-                if pool._tasks and len(pool._running) < pool._task_window:
-                    self._stop_if_a_worker_died()
-                while pool._tasks and len(pool._running) < pool._task_window:
-                    fut, tid, blob = pool._tasks.popleft()
-                    if fut.set_running_or_notify_cancel():
-                        pool._running[tid] = fut
-                        return (0, tid, None, blob, _TASK), pool._cuts
-                jobs = pool._jobs
-                if jobs:
-                    # Round robin: rotate the job order so every open job gets its turn.
-                    order = list(jobs.values())
-                    start = pool._turn % len(order)
-                    pool._turn += 1
-                    for job in order[start:] + order[:start]:
-                        if job.has_room():
-                            self._stop_if_a_worker_died()
-                            return job, pool._cuts
-                    del order, job  # not held while waiting: a finished job is freed
-                if jobs and any(j.closed for j in jobs.values()):
-                    for jid in [jid for jid, j in jobs.items() if j.closed]:
-                        del jobs[jid]  # abandoned (its results iterator was dropped)
-                if pool._closing and pool._all_sent():
-                    raise StopIteration  # closed, and every call and task was sent
-                if jobs or pool._tasks or pool._running or not pool._stream_drained():
-                    idle_since = None
-                elif idle_since is None:
-                    idle_since = time.monotonic()
-                elif time.monotonic() - idle_since > _IDLE_END_S:
-                    # Idle a while: the stream ends (the next call starts another), so that
-                    # the service thread holds its pool only weakly and a pool dropped
-                    # without close() is collected and finalized.
-                    raise StopIteration
-                if not pool._feed_waiting and not jobs and not pool._tasks:
-                    pool._compact_input()  # nothing to read: free what was sent
-                pool._feed_waiting = True
-                pool._cv.wait(TICK)
-                pool._feed_waiting = False
+        self.scheduler.wake_feed()
 
     def _stop_if_a_worker_died(self) -> None:
-        """Before taking more work (under the pool's lock): if a worker died, ends the stream
+        """Before taking more work (under the scheduler's lock): if a worker died, ends the stream
         here (StopIteration), taking nothing. Work sent into a stream with a dead worker
         would fail with it, though the worker died before that work existed (killed while
         the pool was idle, say). Asked whenever nothing is on its way, else at most every
         few ms (a system call per worker)."""
         now = time.monotonic()
-        if now < self._next_health and not self.pool._stream_drained():
+        scheduler = self.scheduler
+        if now < self._next_health and not scheduler.stream_drained():
             return
         self._next_health = now + _HEALTH_EVERY_S
-        if self.pool._worker_died():
+        if scheduler.worker_died():
             self.stopped_for_death = True
             raise StopIteration
 

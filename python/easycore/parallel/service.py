@@ -1,41 +1,46 @@
-"""The pool's one stream, the half of :class:`~easycore.parallel.Pool` that its callers
-never see: the service thread that keeps a streaming call of the pool's runner open, routes
-each message's results to their jobs and futures, fails what is pending when the stream
-fails, restarts the workers (quietly when nothing was lost), and answers its feed
-(``feed.py``'s ``Scheduler``: what work waits, whether a worker died, chunk sizes).
+"""The pool's one stream, the part of :class:`~easycore.parallel.Pool` that its callers
+never see: the pool's internal runner, and the service thread that keeps a streaming call of
+it open, routes each message's results to their jobs and futures, fails what is pending when
+the stream fails and restarts the workers (quietly when nothing was lost).
 
-``Pool`` sets the state declared on :class:`StreamService` in its constructor and adds the
-API its callers use (``map``, ``submit``, ``close``…).
+:class:`StreamService` is a member of the pool (``Pool._stream``), made with keyword
+arguments. It takes its work from the pool's :class:`~easycore.parallel.schedule.Scheduler`
+(each stream's :class:`~easycore.parallel.feed.Feed` asks it), and answers the scheduler's
+questions about the stream (:class:`~easycore.parallel.schedule.StreamProbe`: whether a
+worker died, whether the stream is drained, chunk sizes). The pool uses its public methods
+and properties only.
 """
 
 from __future__ import annotations
 
-import collections
-import itertools
 import threading
 import weakref
-from concurrent.futures import Future, InvalidStateError
+from collections.abc import Iterable
+from concurrent.futures import InvalidStateError
 from typing import Any
 
 from easycore._engine.lifecycle import TICK
 from easycore._engine.reports import not_picklable_error
+from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
+from easycore._engine.zygote import await_thread_gone
 from easycore.errors import PoolClosedError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
 from easycore.parallel.job import _Job, task_error
+from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import _TaskHooks
 
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
 # The pool's default ``window`` (items in flight in its stream, and a job's read ahead):
 # large, so that tiny items travel in batches of thousands (an engine batch is at most a
 # quarter of the window per worker). The engine bounds items in flight by bytes too, input
-# and results alike, and each job's results by bytes (Pool._bound_room), so large items are
-# held to a few.
+# and results alike, and each job's results by bytes (StreamService._bound_room), so large
+# items are held to a few.
 _WINDOW = 65536
 
 
 def _for_pool(e: BaseException) -> BaseException:
-    """The runner's error reworded for pool users (the pool restarts its workers itself)."""
+    """The runner's error, with the pool's consequence (the pool restarts its workers)."""
     if isinstance(e, WorkerDiedError):
         return e.then(
             "Every pending call and future of the pool failed; its next call restarts the workers"
@@ -43,77 +48,144 @@ def _for_pool(e: BaseException) -> BaseException:
     return e
 
 
-def _service_main(ref: weakref.ref[StreamService], cv: threading.Condition) -> None:
-    """The service thread: waits for work holding only a weak reference to its pool (so
-    that a pool dropped without ``close()`` is collected and finalized: see
-    ``Pool.__init__``), then runs streams while there is work."""
+def _service_main(owner: weakref.ref[Any], service: StreamService) -> None:
+    """The service thread: waits for work holding its pool (``owner``) only weakly, so that a
+    pool dropped without ``close()`` is collected and finalized (see ``Pool.__init__``), then
+    runs streams, holding the pool, while there is work."""
+    scheduler = service.scheduler
     while True:
-        pool = ref()
-        if pool is None:
+        if owner() is None:
             return  # dropped: its finalizer stops the workers
         try:
-            with cv:
-                if not (pool._tasks or pool._jobs or pool._closing):
-                    del pool
-                    cv.wait(TICK)
-                    continue
-                end = pool._terminated or (pool._closing and pool._all_sent())
-                generation = pool._generation
-            if end or pool._serve_stream(generation):
-                pool._serve_end()
+            start = scheduler.next_stream(TICK)  # None: no work (it waited a tick)
+            if start is None:
+                continue
+            pool = owner()
+            if pool is None:
+                return
+            end, generation = start
+            if end or service.serve_stream(generation):
+                service.serve_end()
                 return
         except BaseException:
-            pool = ref()
-            if pool is not None:
-                pool._serve_end()
+            if owner() is not None:
+                service.serve_end()
             raise
         del pool
 
 
 class StreamService:
-    """The pool's stream and its bookkeeping (see the module)."""
+    """The pool's stream (see the module).
 
-    _cv: threading.Condition  # guards the work waiting and the jobs
-    _tasks: collections.deque[tuple[Future[Any], int, bytes]]  # (future, task id, pickle)
-    _running: dict[int, Future[Any]]  # sent tasks by id
-    _jobs: dict[int, _Job]  # open map/imap calls by id
-    _ids: itertools.count[int]
-    _turn: int
-    _generation: int  # the stream's number: a feed of an older one takes nothing
-    _feed: Feed | None  # the current stream's input
-    _cuts: int  # times the feed was asked to end the segment it reads (see feed.py)
-    _feed_waiting: bool
-    _quiet_before: bool  # the last stream failure was a quiet restart
-    _closing: bool
-    _terminated: bool
-    _call: Call | None
-    _runner: _TaskHooks
-    _window: int
-    _task_window: int  # tasks sent ahead of the workers
-    _item_cost: float  # worker seconds per map item, learned
-    _room: list[int]  # results a job may hold ahead of its caller (by bytes)
-    _n_results: int  # map results received by the current stream
-    _tasks_per_stream: int  # maxtasksperchild × workers (0: no bound)
-    _recycle: bool  # the last stream ended for its workers to be replaced
-    _end_error: BaseException | None
-    _remote_tb: type  # the type of a future's error's __cause__ (the remote traceback)
+    Args:
+        scheduler (Scheduler): the pool's work; the service attaches itself to it.
+        runner_cls (type): the pool's internal runner (``tasks._TaskRunner``, or a flavour's).
+        devices (int or Iterable[str]): the workers (the runner's ``devices``).
+        setup (tuple): ``(initializer, initargs, abandoned ring or None)`` for the runner.
+        window (int, optional): the runner's window and a job's read-ahead (default 65536).
+        remote_tb (type): a failed future's ``__cause__`` (the remote traceback's type).
+        **runner_options: the runner's other keyword arguments.
+    """
+
+    def __init__(
+        self,
+        *,
+        scheduler: Scheduler,
+        runner_cls: type[_TaskHooks],
+        devices: int | Iterable[str],
+        setup: tuple[Any, tuple[Any, ...], Any],
+        window: int | None = None,
+        remote_tb: type,
+        **runner_options: Any,
+    ) -> None:
+        self.scheduler = scheduler
+        self.window = int(window or _WINDOW)
+        self.remote_tb = remote_tb
+        self.runner = runner_cls(
+            devices,
+            setup,
+            window=self.window,
+            on_unsendable=weakref.WeakMethod(self.unsendable),
+            **runner_options,
+        )
+        self.call: Call | None = None  # the current stream's call
+        self.item_cost = 0.0  # worker seconds per map item, learned
+        self.room = [_WINDOW]  # results a job may hold ahead of its caller (by bytes)
+        self.end_error: BaseException | None = None  # what the workers' exit raised
+        self.thread: threading.Thread | None = None
+        self._n_results = 0  # map results received by the current stream
+        self._quiet_before = False  # the last stream failure was a quiet restart
+        scheduler.attach(self)
+
+    def start(self, owner: Any) -> None:
+        """Starts the service thread, which holds ``owner`` (the pool) only weakly while it
+        waits for work."""
+        self.thread = threading.Thread(
+            target=_service_main, args=(weakref.ref(owner), self), name="easycore-pool", daemon=True
+        )
+        self.thread.start()
+
+    # ----- what the pool asks -----
+
+    @property
+    def owner_pid(self) -> int:
+        """int: the process that made the pool (a forked child must not use it)."""
+        return self.runner.owner_pid
+
+    @property
+    def stats(self) -> RunnerStats:
+        """The current stream's figures so far, else the runner's last."""
+        call = self.call
+        return call.stats_now() if call is not None else self.runner.stats
+
+    def in_service_thread(self) -> bool:
+        """Whether the calling thread is the service thread (a future's done-callback)."""
+        return threading.current_thread() is self.thread
+
+    def join(self, timeout: float | None) -> bool:
+        """Waits for the service thread to end (not from itself); whether it has."""
+        thread = self.thread
+        if thread is None:
+            return True
+        if threading.current_thread() is not thread:
+            thread.join(timeout)
+            if not thread.is_alive():
+                await_thread_gone(thread)  # gone from the OS too: a fork may follow
+        return not thread.is_alive()
+
+    def abort(self) -> None:
+        """Stops the current stream at once (``terminate()``)."""
+        call = self.call
+        if call is not None:
+            call.abort = True
+            call.attention.set()
+
+    def stop_workers(self, interrupt: bool) -> None:
+        """Stops the workers (interrupting busy ones with ``interrupt``); the next stream
+        starts new ones."""
+        self.runner.stop_producers(interrupt)
+
+    def retire_workers(self, interrupt: bool) -> None:
+        """Stops the workers for good (the pool's end): none will start again, so the
+        zygote that forks them under fork stops too."""
+        try:
+            self.stop_workers(interrupt)
+        finally:
+            self.runner.release_zygote()
 
     # ----- the stream (service thread) -----
 
-    def _serve(self) -> None:
-        """The service thread's body (kept for callers that run it directly)."""
-        _service_main(weakref.ref(self), self._cv)
-
-    def _serve_stream(self, generation: int) -> bool:
+    def serve_stream(self, generation: int) -> bool:
         """Runs one stream (one generation) until it ends; True if the service is over."""
-        runner = self._runner
+        runner = self.runner
+        scheduler = self.scheduler
         feed: Feed | None = None
         call: Call | None = None
         try:
             runner.activate()  # after a failure: restart the workers for new work
-            feed = Feed(self, generation)
+            feed = Feed(scheduler, generation)
             call = Call(
-                runner,
+                runner.stream_host(),
                 feed,
                 False,
                 None,
@@ -122,69 +194,42 @@ class StreamService:
                 cost=self._cost_per_value,
                 runs=feed,
             )
-            self._call = call
-            self._feed = feed
+            self.call = call
+            scheduler.begin_stream(feed)
             self._n_results = 0
             route = self._route
             for results in call.iterate_chunks():
                 route(results)
                 del results  # not held while waiting: results handed out are freed
-            with self._cv:
-                if self._closing and self._all_sent():
-                    return True
-            if self._recycle:  # maxtasksperchild: the next stream starts new workers
-                self._recycle = False
-                self._call = self._feed = None  # the old stream holds the old queues
-                call = feed = None  # (route, a bound method, holds the pool only)
-                self._runner._shutdown(interrupt=False)
+            if scheduler.closed_and_all_sent():
+                return True
+            if feed.recycled:  # maxtasksperchild: the next stream starts new workers
+                self.call = None  # the old stream holds the old queues
+                scheduler.begin_stream(None)
+                call = feed = None  # (route, a bound method, holds the service only)
+                self.stop_workers(interrupt=False)
         except BaseException as e:  # noqa: BLE001 - every pending caller gets it
-            if self._quiet_restart(e, feed, call):
+            if self.quiet_restart(e, feed, call):
                 return False  # the loop restarts the workers; nothing failed
-            self._fail_pending(_for_pool(e))
-            if self._terminated:
+            self.fail_pending(_for_pool(e))
+            if scheduler.terminated:
                 return True
         return False
 
-    def _serve_end(self) -> None:
+    def serve_end(self) -> None:
         """The service is over: stops the workers and fails what is still pending."""
-        self._call = None
-        self._feed = None
+        self.call = None
+        self.scheduler.begin_stream(None)
+        terminated = self.scheduler.terminated
         try:
-            self._runner._shutdown(interrupt=self._terminated)
+            self.retire_workers(interrupt=terminated)
         except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
-            self._end_error: BaseException | None = e
-        self._runner._close_zygote()  # no worker starts again
+            self.end_error = e
         # After a close, a job whose input was all read got every result (the stream
         # ended once everything sent came back): its caller may still take them.
-        self._fail_pending(
-            PoolClosedError("the pool was closed"), unfinished_only=not self._terminated
-        )
+        self.fail_pending(PoolClosedError("the pool was closed"), unfinished_only=not terminated)
 
-    def _all_sent(self) -> bool:
-        """Whether no task waits and every open job's input was read (or the job was
-        abandoned): a closing pool's stream ends then (call under ``_cv``)."""
-        return not self._tasks and all(j.input_done or j.closed for j in self._jobs.values())
-
-    def _compact_input(self) -> None:
-        """Drops the stream's sent input from the engine's buffer (called by the feed's
-        thread, the engine's run reader, before it waits for work): a finished call's
-        arguments are not kept alive while the pool idles."""
-        call = self._call
-        if call is not None:
-            call._compact()
-
-    def _stream_drained(self) -> bool:
-        """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
-        call = self._call
-        return call is not None and call.drained()
-
-    def _worker_died(self) -> bool:
-        """Whether a worker of the stream has died, or the workers were already stopped (the
-        stream failed: its receiver saw the death first). The feed asks before taking work."""
-        workers = self._runner._workers
-        return workers is None or workers.closed or workers.exited()
-
-    def _quiet_restart(self, error: BaseException, feed: Feed | None, call: Call | None) -> bool:
+    def quiet_restart(self, error: BaseException, feed: Any, call: Any) -> bool:
         """Whether the stream's failure, a worker's death, lost nothing: the feed had stopped
         taking work (it saw the death, it was waiting for work, or it never started), and
         every item it read was sent and came back. Then no call or future fails: the old feed
@@ -195,26 +240,51 @@ class StreamService:
         if not isinstance(error, WorkerDiedError) or feed is None or call is None:
             self._quiet_before = False
             return False
-        with self._cv:
-            quiet = (
-                not self._terminated
+        scheduler = self.scheduler
+
+        def quiet(feed_waiting: bool) -> bool:  # under the scheduler's lock
+            q = (
+                not scheduler.terminated
                 # the feed saw the death, waits for work, or never ran (the call found the
                 # death as it started)
-                and (feed.stopped_for_death or self._feed_waiting or call.reader is None)
+                and (feed.stopped_for_death or feed_waiting or call.reader is None)
                 and call.drained()
                 and (call.delivered > 0 or not self._quiet_before)
             )
-            self._quiet_before = quiet
-            if quiet:
-                self._generation += 1  # a waiting feed takes nothing more
-                self._cv.notify_all()
-        return quiet
+            self._quiet_before = q
+            return bool(q)
+
+        return self.scheduler.end_generation_if(quiet)
+
+    def fail_pending(self, error: BaseException, unfinished_only: bool = False) -> None:
+        """Fails every job and future not finished (the stream they travelled on is gone);
+        with ``unfinished_only``, not the jobs whose input was all read and sent."""
+        jobs, futures = self.scheduler.take_pending(unfinished_only)
+        for job in jobs:
+            job.fail(error)
+        for fut in futures:
+            try:
+                fut.set_exception(error)
+            except InvalidStateError:
+                pass  # cancelled or done
+            except BaseException:  # noqa: BLE001 - a pending (cancelled) future
+                pass
+
+    def unsendable(self, item: _WorkItem, error: Exception) -> None:
+        """Fails the call whose input chunk ``item`` could not be pickled (the runner calls
+        it from its sender)."""
+        jid, index, _fn, arg, _mode = item
+        job = self.scheduler.jobs().get(jid)
+        if job is None:
+            return
+        what = f"input item {index}..{index + len(arg) - 1} of this call"
+        job.fail(not_picklable_error(what, list(arg), error, to="the workers"))
 
     def _route(self, results: list[_WorkResult | None]) -> None:
         """Hands one message's results to their futures and jobs. Consecutive chunks of one
         job are merged and delivered together (one lock and one wake-up per message, not per
         item: an iterator input travels item by item)."""
-        jobs = self._jobs
+        jobs = self.scheduler.jobs()
         run_jid = 0  # the job whose chunks are being merged (0: none)
         run_start = 0
         run: list[Any] = []
@@ -232,109 +302,84 @@ class StreamService:
                     run += out
                     continue
                 if run_jid:
-                    self._deliver(jobs.get(run_jid), run_start, True, run)
+                    _deliver(jobs.get(run_jid), run_start, True, run)
                 run_jid, run_start, run = jid, index, out
             else:
                 if run_jid:
-                    self._deliver(jobs.get(run_jid), run_start, True, run)
+                    _deliver(jobs.get(run_jid), run_start, True, run)
                     run_jid = 0
                 partial = value.pop("partial", None)
                 if partial:  # results of the chunk before its failing item
-                    self._deliver(jobs.get(jid), index, True, partial)
+                    _deliver(jobs.get(jid), index, True, partial)
                     index += len(partial)
-                self._deliver(jobs.get(jid), index, False, value)
+                _deliver(jobs.get(jid), index, False, value)
         if run_jid:
-            self._deliver(jobs.get(run_jid), run_start, True, run)
+            _deliver(jobs.get(run_jid), run_start, True, run)
         if count:
             cost = max(seconds / count, 1e-9)  # never 0, which means "not known" (engine)
-            prev = self._item_cost
-            self._item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
+            prev = self.item_cost
+            self.item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
             self._bound_room(count)
 
     def _cost_per_value(self) -> float:
         """Worker seconds per input value, learned from the chunks done (0: not known yet);
         the engine sizes its batches of single values by it."""
-        return self._item_cost
-
-    def _unsendable(self, item: _WorkItem, error: Exception) -> None:
-        """Fails the call whose input chunk ``item`` could not be pickled."""
-        jid, index, _fn, arg, _mode = item
-        job = self._jobs.get(jid)
-        if job is None:
-            return
-        what = f"input item {index}..{index + len(arg) - 1} of this call"
-        job.fail(not_picklable_error(what, list(arg), error, to="the workers"))
-
-    @staticmethod
-    def _deliver(job: _Job | None, index: int, ok: bool, value: Any) -> None:
-        if job is not None:
-            job.deliver(index, ok, value)
+        return self.item_cost
 
     def _settle(self, tid: int, ok: bool, value: Any) -> None:
         """Completes the future of submitted task ``tid``."""
-        fut = self._running.pop(tid, None)
+        fut = self.scheduler.settle_task(tid)
         if fut is None:
             return
-        if self._feed_waiting:
-            self._wake_feed()  # room for another task
         try:
             if ok:
                 fut.set_result(value)
             else:
-                fut.set_exception(task_error(value, self._remote_tb))
+                fut.set_exception(task_error(value, self.remote_tb))
         except InvalidStateError:
             pass  # failed meanwhile by terminate()
-
-    def _fail_pending(self, error: BaseException, unfinished_only: bool = False) -> None:
-        """Fails every job and future not finished (the stream they travelled on is gone);
-        with ``unfinished_only``, not the jobs whose input was all read and sent."""
-        with self._cv:
-            self._generation += 1  # the old feed stops taking work
-            jobs = [j for j in self._jobs.values() if not (unfinished_only and j.input_done)]
-            futures = list(self._running.values())
-            self._running.clear()
-            queued = list(self._tasks)
-            self._tasks.clear()
-            self._cut_feed()
-            self._cv.notify_all()
-        for job in jobs:
-            job.fail(error)
-        for fut in futures + [q[0] for q in queued]:
-            try:
-                fut.set_exception(error)
-            except InvalidStateError:
-                pass  # cancelled or done
-            except BaseException:  # noqa: BLE001 - a pending (cancelled) future
-                pass
 
     def _bound_room(self, n_results: int) -> None:
         """Bounds each job's results ahead of its caller by bytes too (as the runners bound
         items in flight): at most about twice the output queue's budget of results."""
-        call = self._call
+        call = self.call
         if call is None:
             return
         self._n_results += n_results
         per = call.stats.bytes_out / max(1, self._n_results)
         if per > 0:
-            self._room[0] = max(1, min(_WINDOW, int(call.max_inflight_bytes / per)))
+            self.room[0] = max(1, min(_WINDOW, int(call.max_inflight_bytes / per)))
 
-    def _auto_chunk(self, job: _Job) -> int:
+    # ----- the scheduler's questions (StreamProbe) -----
+
+    def worker_died(self) -> bool:
+        """Whether a worker of the stream has died, or the workers were already stopped (the
+        stream failed: its receiver saw the death first). The feed asks before taking work."""
+        return self.runner.producer_died()
+
+    def drained(self) -> bool:
+        """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
+        call = self.call
+        return call is not None and call.drained()
+
+    def compact_input(self) -> None:
+        """Drops the stream's sent input from the engine's buffer (called by the feed's
+        thread, the engine's run reader, before it waits for work): a finished call's
+        arguments are not kept alive while the pool idles."""
+        call = self.call
+        if call is not None:
+            call.compact()
+
+    def auto_chunk(self, job: _Job) -> int:
         """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done."""
-        cost = self._item_cost
+        cost = self.item_cost
         if cost <= 0:
             return 1
         # At most a quarter of the job's window per worker, so every worker gets chunks.
-        most = max(1, job.window // (4 * len(self._runner.devices)))
+        most = max(1, job.window // (4 * len(self.runner.devices)))
         return max(1, min(int(_TARGET_CHUNK_S / cost), most))
 
-    def _cut_feed(self) -> None:
-        """The feed ends the segment it reads after the current item (call under ``_cv``)."""
-        self._cuts += 1
-        feed = self._feed
-        if feed is not None:
-            feed.cut()
 
-    def _wake_feed(self) -> None:
-        if self._feed_waiting:
-            with self._cv:
-                self._cv.notify_all()
+def _deliver(job: _Job | None, index: int, ok: bool, value: Any) -> None:
+    if job is not None:
+        job.deliver(index, ok, value)

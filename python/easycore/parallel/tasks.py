@@ -11,9 +11,11 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from easycore._engine import wire
+from easycore._engine.extension import Extension, Setup
+from easycore._engine.host import StreamHost
 from easycore._engine.producer import Interrupted, seed_for_item
 from easycore._engine.reports import error_report, not_picklable_report
 from easycore.common.parallel import engine
@@ -133,7 +135,7 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
     ``(results, seconds)``; an exception is returned as a report (``ok`` False), not raised,
     so the stream goes on."""
     if data is None:
-        return None  # a work item that could not be pickled (see _drop_unsendable)
+        return None  # a work item that could not be pickled (see PoolExtension)
     job, index, fn, arg, mode = data
     ring = _ABANDONED
     if job and ring is not None and ring[job & _RING_MASK] == job:
@@ -243,14 +245,6 @@ def _picklable(x: Any) -> bool:
     return True
 
 
-if TYPE_CHECKING:
-    # What the hooks are mixed into: a runner flavour (the engine's, or torch's), whose
-    # methods ``super()`` reaches.
-    _RunnerBase = engine.BaseRunner
-else:
-    _RunnerBase = object
-
-
 def _by_value(
     item: _WorkItem | None,
     error: Exception,
@@ -272,12 +266,79 @@ def _by_value(
         return None  # travels as nothing (the batch keeps its length: see Feed.pack)
 
 
-class _TaskHooks(_RunnerBase):
-    """The hooks of the pool's internal runner (mixed into a runner flavour)."""
+class PoolExtension(Extension):
+    """What the pool's runner adds to a plain runner (the engine's extension point, see
+    ``easycore._engine.extension``): its producers' set-up keeps the initializer (and the
+    abandoned ring, per-item seeds, ``worker_exit``, ``task_timeout``); an input item that
+    cannot be pickled fails its own call, and so does a result, not the stream that every
+    call and future of the pool shares.
 
-    # Its producers are restarted (a death, maxtasksperchild) while the pool's threads run:
-    # under fork they come from a zygote made with the first ones.
-    _fork_from_zygote = True
+    Args:
+        setup: ``(initializer, initargs, abandoned ring or None)``.
+        codec: the runner flavour's codec.
+        on_unsendable: a weak reference (called with no argument) to what fails the call of
+            an input item that cannot be pickled (the pool's), or None: such an item fails
+            the whole stream.
+        item_seeds: seed each item's random stream (the pool's ``seed_per_item``).
+        worker_exit: run in each worker as it stops (its value is in ``exit_results``).
+        task_timeout: the most seconds a task or map item may run.
+    """
+
+    def __init__(
+        self,
+        setup: tuple[Any, tuple[Any, ...], Any],
+        codec: wire.Codec,
+        on_unsendable: Callable[[], Callable[[_WorkItem, Exception], None] | None] | None,
+        item_seeds: bool,
+        worker_exit: Any,
+        task_timeout: float | None,
+    ) -> None:
+        self.setup = setup
+        self.codec = codec
+        self.on_unsendable = on_unsendable
+        self.item_seeds = item_seeds
+        self.worker_exit = worker_exit
+        self.task_timeout = task_timeout
+        self.fix_unsendable = _fix_unsendable
+        # The pool restarts its workers (a death, maxtasksperchild) while its threads run:
+        # under fork they come from a zygote made with the first ones.
+        self.fork_from_zygote = True
+
+    def producer_setup(self, base: Setup, seed: int) -> _Setup:
+        """The flavour's set-up, then the pool's (see :class:`_Setup`)."""
+        return _Setup(
+            base,
+            *self.setup,
+            self.codec,
+            seed if self.item_seeds else None,
+            self.worker_exit,
+            self.task_timeout,
+        )
+
+    def keep_sendable(
+        self, items: list[_WorkItem], first: int, error: Exception
+    ) -> list[_WorkItem | None]:
+        """One item that cannot be pickled fails its own call, not the stream that every
+        call and future of the pool shares: keeps the items that pickle (an item whose
+        arguments only cloudpickle can send is sent so)."""
+        fail = self.on_unsendable() if self.on_unsendable is not None else None
+        if fail is None:
+            return super().keep_sendable(items, first, error)
+        codec = self.codec
+        kept: list[_WorkItem | None] = []
+        item: _WorkItem | None
+        for item in items:
+            try:
+                codec.dumps(item)  # out-of-band buffers are not copied by this check
+            except Exception as e:  # noqa: BLE001 - reported to the item's call
+                item = _by_value(item, e, fail, codec)
+            kept.append(item)
+        return kept
+
+
+class TaskHooks(engine.BaseRunner):
+    """The hooks of the pool's internal runner, on a runner flavour (the engine's; torch's
+    pool mixes it into its own flavour's ``UnorderedRunner``)."""
 
     def __init__(
         self,
@@ -290,50 +351,44 @@ class _TaskHooks(_RunnerBase):
         task_timeout: float | None = None,
         **kwargs: Any,
     ) -> None:
-        """``setup``: ``(initializer, initargs, abandoned ring or None)``; ``on_unsendable``:
-        a weak reference (called with no argument) to what fails the call of an input item
-        that cannot be pickled (the pool's), or None: such an item fails the whole stream;
-        ``item_seeds``: seed each item's random stream (the pool's ``seed_per_item``);
-        ``worker_exit``: run in each worker as it stops (its value is in ``exit_results``);
-        ``task_timeout``: the most seconds a task or map item may run."""
-        self._pool_init = setup
-        self._item_seeds = item_seeds
-        self._worker_exit = worker_exit
-        self._task_timeout = task_timeout
-        self._on_unsendable = on_unsendable
-        super().__init__(devices, **kwargs)
-
-    def _producer_setup(self, n_producers: int) -> _Setup:
-        base = super()._producer_setup(n_producers)
-        seed = self.seed if self._item_seeds else None
-        return _Setup(
-            base, *self._pool_init, self._codec(), seed, self._worker_exit, self._task_timeout
+        """``setup``, ``on_unsendable``, ``item_seeds``, ``worker_exit``, ``task_timeout``:
+        see :class:`PoolExtension`; the rest as for a runner."""
+        self._extension = PoolExtension(
+            setup, self._codec(), on_unsendable, item_seeds, worker_exit, task_timeout
         )
+        super().__init__(devices, **kwargs)
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
     producer_end = staticmethod(_run_exit)
-    _fix_unsendable = staticmethod(_fix_unsendable)
 
-    def _drop_unsendable(
-        self, items: list[_WorkItem], first: int, error: Exception
-    ) -> list[_WorkItem | None]:
-        """One item that cannot be pickled fails its own call, not the stream that every
-        call and future of the pool shares: keeps the items that pickle."""
-        fail = self._on_unsendable() if self._on_unsendable is not None else None
-        if fail is None:
-            return super()._drop_unsendable(items, first, error)
-        codec = self._codec()
-        kept: list[_WorkItem | None] = []
-        item: _WorkItem | None
-        for item in items:
-            try:
-                codec.dumps(item)  # out-of-band buffers are not copied by this check
-            except Exception as e:  # noqa: BLE001 - reported to the item's call
-                item = _by_value(item, e, fail, codec)
-            kept.append(item)
-        return kept
+    def stream_host(self) -> StreamHost:
+        """What the pool's stream uses of this runner (see ``easycore._engine.host``)."""
+        return self._stream_host()
+
+    @property
+    def owner_pid(self) -> int:
+        """int: the process that made this runner (a forked child must not use it)."""
+        return self._owner_pid
+
+    def stop_producers(self, interrupt: bool) -> None:
+        """Stops the producers at once (interrupting busy ones with ``interrupt``); the
+        runner stays usable: its next call starts new ones."""
+        self._shutdown(interrupt=interrupt)
+
+    def release_zygote(self) -> None:
+        """No producer will start again (the pool's end): stops the zygote that forks them
+        under fork, if any."""
+        self._close_zygote()
+
+    def producer_died(self) -> bool:
+        """Whether a producer has died, or the producers are already stopped."""
+        workers = self._workers
+        return workers is None or workers.closed or workers.exited()
 
 
-class _TaskRunner(_TaskHooks, engine.UnorderedRunner):
+class _TaskRunner(TaskHooks, engine.UnorderedRunner):
     """The runner behind :class:`Pool`."""
+
+
+_TaskHooks = TaskHooks  # the name the pool types its runner with

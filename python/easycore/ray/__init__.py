@@ -23,6 +23,7 @@ except ModuleNotFoundError as e:
         name="ray",
     ) from None
 
-from easycore.ray._backend import ActorInfo, RayBackend
+from easycore.ray._backend import RayBackend
+from easycore.ray._workers import ActorInfo
 
 __all__ = ["ActorInfo", "RayBackend"]

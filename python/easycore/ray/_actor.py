@@ -36,16 +36,16 @@ def to_ray_parts(parts: Sequence[Any]) -> list[Any]:
     return out
 
 
-def _node() -> tuple[str, str]:
-    """This process's Ray node id and IP address ("?" where Ray does not say)."""
+def _node() -> tuple[str, str, str]:
+    """This process's Ray node id, IP address and actor id ("?" where Ray does not say)."""
     try:
         import ray
 
-        node_id = ray.get_runtime_context().get_node_id()
+        context = ray.get_runtime_context()
         ip = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
-        return str(node_id), str(ip)
+        return str(context.get_node_id()), str(ip), str(context.get_actor_id())
     except Exception:  # noqa: BLE001 - only used to name the actor in messages
-        return "?", "?"
+        return "?", "?", "?"
 
 
 class ProducerActor:
@@ -59,8 +59,9 @@ class ProducerActor:
         cfg (CfgNode): this producer's copy of the runner's cfg.
         setup (Callable, optional): ``setup(device)`` run first (the pool's initializer
             keeper, a flavour's device setup).
-        options (dict): ``n`` (number of producers), ``seed`` (the runner's base seed) and
-            ``seed_per_item``.
+        options (dict): ``n`` (number of producers), ``seed`` (the runner's base seed),
+            ``seed_per_item``, ``codec`` (the flavour's) and ``fix_unsendable`` (see
+            ``easycore._engine.extension``).
     """
 
     def __init__(
@@ -76,23 +77,33 @@ class ProducerActor:
         seed = int(options.get("seed", 0))
         per_item = bool(options.get("seed_per_item", False))
         self.core = ProducerCore(
-            runner_cls, index, n, device, cfg, seed, setup, seed_per_item=per_item
+            runner_cls,
+            index,
+            n,
+            device,
+            cfg,
+            seed,
+            setup,
+            seed_per_item=per_item,
+            codec=options.get("codec"),
+            fix=options.get("fix_unsendable"),
         )
 
-    def start(self) -> tuple[int, str, str, int, list[Any]]:
+    def start(self) -> tuple[int, str, str, str, int, list[Any]]:
         """Runs ``setup`` and ``producer_init``.
 
         Returns:
-            tuple: ``(pid, node_id, node_ip, kind, parts)`` where ``kind`` is ``READY`` (and
-            ``parts`` empty) or ``ERROR`` with the error report's parts.
+            tuple: ``(pid, node_id, node_ip, actor_id, kind, parts)`` where ``kind`` is
+            ``READY`` (and ``parts`` empty) or ``ERROR`` with the error report's parts.
         """
         pid = os.getpid()
-        node_id, ip = _node()
+        node_id, ip, actor_id = _node()
         self.core.begin(pid)
         report = self.core.init()
         if report is not None:
-            return pid, node_id, ip, wire.ERROR, to_ray_parts(self.core.codec.dumps(report))
-        return pid, node_id, ip, wire.READY, []
+            parts = to_ray_parts(self.core.codec.dumps(report))
+            return pid, node_id, ip, actor_id, wire.ERROR, parts
+        return pid, node_id, ip, actor_id, wire.READY, []
 
     def work(self, seq: int, kind: int, parts: list[Any]) -> tuple[int, int, list[Any]]:
         """Runs ``producer_work`` on one batch.

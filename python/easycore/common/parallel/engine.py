@@ -24,7 +24,6 @@ import dataclasses
 import itertools
 import os
 import threading
-import time
 import weakref
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
@@ -34,13 +33,15 @@ from easycore._core import (
     ReorderBuffer,
 )
 from easycore._engine import lifecycle, plugins, wire
+from easycore._engine.extension import NO_EXTENSION, Extension
 from easycore._engine.flavour import PLAIN, Flavour
+from easycore._engine.host import CallGate, Learned, StreamHost, StreamSettings
 from easycore._engine.lifecycle import Stage
-from easycore._engine.local import LocalStart, make_zygote, start_local
-from easycore._engine.reports import not_picklable_error, worker_error
+from easycore._engine.local import ProducerStart, make_zygote, start_local
+from easycore._engine.reports import worker_error
 from easycore._engine.sigterm import install_handler
 from easycore._engine.stats import RunnerStats
-from easycore._engine.stream import Call, StreamSettings
+from easycore._engine.stream import Call
 from easycore._engine.transport import Transport
 from easycore._engine.zygote import Zygote
 from easycore.common.parallel.devices import (
@@ -53,7 +54,6 @@ from easycore.errors import (
     InvalidArgument,
     RunnerBusyError,
     RunnerClosedError,
-    RunnerTimeoutError,
 )
 
 # Most items in flight by default once items are known to be cheap (the pool's default
@@ -81,9 +81,10 @@ def _random_seed() -> int:
 def _remote_plan(backend: Any, devices: Any, start_method: str | None) -> Any:
     """The seam to producers that are not local processes: None for ``backend=None`` or
     ``"local"``, else the backend's plan for ``devices``. A plan has ``devices`` (one device
-    string per producer), ``start_method`` (a ``(name, reason)`` pair) and ``start(runner)``,
-    which returns a :class:`~easycore._engine.transport.Transport` (``send``, ``receive``,
-    ``wake``, ``dead``, ``shutdown``…) on which the stream runs unchanged. Only
+    string per producer), ``start_method`` (a ``(name, reason)`` pair) and ``start(start)``
+    (given the runner's :class:`~easycore._engine.local.ProducerStart`), which returns a
+    :class:`~easycore._engine.transport.Transport` (``send``, ``receive``, ``wake``,
+    ``dead``, ``shutdown``…) on which the stream runs unchanged. Only
     ``easycore.ray`` makes plans today; ``"ray"`` loads it on demand
     (``easycore._engine.plugins``)."""
     if backend is None or backend == "local":
@@ -146,18 +147,11 @@ class BaseRunner(RunnerHooks):
 
     _ordered = False
 
-    @staticmethod
-    def _fix_unsendable(results: list[Any], device: str) -> list[Any] | None:
-        """In a producer: the results of a batch that did not pickle, the culprits replaced
-        by what may travel; None (a runner): the batch's call fails. (The pool's runner
-        turns each culprit into an error report for its own call: ``parallel/tasks.py``.)"""
-        return None
-
     #: codec, start context, device check and set-up (the torch runners: torch's)
     _flavour: ClassVar[Flavour] = PLAIN
-    #: under fork, whether producers come from a zygote made at the first start (the pool's
-    #: runner: it restarts producers while its own threads run; see ``_engine/zygote.py``)
-    _fork_from_zygote: ClassVar[bool] = False
+    #: what a runner built on the engine adds (``easycore._engine.extension``): none here;
+    #: the pool's runner sets its own on the instance before this class's ``__init__`` runs
+    _extension: Extension = NO_EXTENSION
 
     def __init__(
         self,
@@ -222,14 +216,12 @@ class BaseRunner(RunnerHooks):
         self._zygote_made = False  # made once: one that died is not made again
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._calls = itertools.count(1)
-        self._cost_per_item = 0.0  # producer seconds per item, learned across calls
-        self._out_bytes_per_item = 0.0  # pickled result bytes per item, likewise
+        self._learned = Learned()  # producer seconds and result bytes per item
         # An ordered runner's reorder buffer, kept for the next call while it is empty
         # (making one of the default window's 65536 slots took ~27 us a call).
         self._reorder: ReorderBuffer | None = None
         self._lock = threading.Lock()
-        self._call_cond = threading.Condition()
-        self._active_call: Call | None = None
+        self._gate = CallGate(type(self).__name__)  # one call at a time
         self.stats = RunnerStats()
         # What each producer's producer_end returned, by position in devices, when the
         # producers last stopped (close()); None for one that returned nothing or died.
@@ -237,23 +229,52 @@ class BaseRunner(RunnerHooks):
         install_handler()
         self.activate()
 
-    # ----- hooks of the flavours -----
+    # ----- what the engine gets -----
 
     @classmethod
     def _codec(cls) -> wire.Codec:
         """How items and results are pickled (the torch flavour sends tensors out of band)."""
         return cls._flavour.codec()
 
-    def _drop_unsendable(self, items: list[Any], first: int, error: Exception) -> list[Any]:
-        """Called when a batch of input items cannot be pickled: returns the items to send
-        anyway (the others are dropped), or raises. A runner raises: the call fails with
-        :class:`~easycore.errors.SerializationError` naming the culprit."""
-        what = f"input item {first}..{first + len(items) - 1}"
-        raise not_picklable_error(what, items, error) from error
+    def _stream_host(self) -> StreamHost:
+        """What the next call uses of this runner (raises if the runner is closed)."""
+        return StreamHost(
+            settings=self._settings,
+            name=type(self).__name__,
+            hooks=type(self),
+            cfg=self._cfg,
+            number=next(self._calls),
+            workers=self._active_workers(),
+            learned=self._learned,
+            gate=self._gate,
+            reorder_buffer=self._reorder_buffer,
+            keep_stats=self._keep_stats,
+            shutdown=self._shutdown,
+            keep_sendable=self._extension.keep_sendable,
+        )
 
-    def _producer_setup(self, n_producers: int) -> Any:
-        """A picklable callable ``setup(device)`` run first in each producer, or None."""
-        return self._flavour.producer_setup(n_producers, self._start_method)
+    def _keep_stats(self, stats: RunnerStats) -> None:
+        self.stats = stats
+
+    def _producer_start(self) -> ProducerStart:
+        """What the producers are started with, local or remote."""
+        n = len(self._devices)
+        base = self._flavour.producer_setup(n, self._start_method)
+        return ProducerStart(
+            hooks=type(self),
+            devices=tuple(self._devices),
+            cfg=self._cfg,
+            seed=self._seed,
+            start_method=self._start_method,
+            start_reason=self._start_reason,
+            window=self._window,
+            queue_scale=self._queue_scale,
+            flavour=self._flavour,
+            setup=self._extension.producer_setup(base, self._seed),
+            fix_unsendable=self._extension.fix_unsendable,
+            seed_per_item=self._seed_per_item,
+            init_timeout=self._init_timeout,
+        )
 
     # ----- life cycle -----
 
@@ -297,42 +318,32 @@ class BaseRunner(RunnerHooks):
         with self._lock:
             if self.is_activate:
                 return
+            start = self._producer_start()
             if self._remote is not None:  # producers elsewhere: the same calls on its workers
-                workers = self._remote.start(self)
-                self._workers = workers
-                self._finalizer = self._finalize_with(workers)
-                return
-            start = LocalStart(
-                hooks=type(self),
-                devices=tuple(self._devices),
-                cfg=self._cfg,
-                seed=self._seed,
-                start_method=self._start_method,
-                start_reason=self._start_reason,
-                window=self._window,
-                queue_scale=self._queue_scale,
-                flavour=self._flavour,
-                setup=self._producer_setup(len(self._devices)),
-                seed_per_item=self._seed_per_item,
-                init_timeout=self._init_timeout,
-            )
-            first = self._fork_from_zygote and not self._zygote_made
-            if first:
-                self._zygote_made = True
-                self._zygote = make_zygote(start)
-                if self._zygote is not None:
-                    weakref.finalize(self, self._zygote.close).atexit = False
-            try:
-                workers = start_local(dataclasses.replace(start, zygote=self._zygote))
-            except BaseException:
-                if first:  # the constructor fails: nobody will restart the producers
-                    self._close_zygote()
-                raise
+                workers: Transport = self._remote.start(start)
+            else:
+                workers = self._start_local(start)
             self._workers = workers
             self._finalizer = self._finalize_with(workers)
 
+    def _start_local(self, start: ProducerStart) -> Transport:
+        """Starts local producers: forked by the zygote where the extension asks for one
+        (made at the first start, under fork: see ``_engine/zygote.py``)."""
+        first = self._extension.fork_from_zygote and not self._zygote_made
+        if first:
+            self._zygote_made = True
+            self._zygote = make_zygote(start)
+            if self._zygote is not None:
+                weakref.finalize(self, self._zygote.close).atexit = False
+        try:
+            return start_local(dataclasses.replace(start, zygote=self._zygote))
+        except BaseException:
+            if first:  # the constructor fails: nobody will restart the producers
+                self._close_zygote()
+            raise
+
     def _close_zygote(self) -> None:
-        """Stops the zygote, if any: no producer will be started again (the pool's end)."""
+        """Stops the zygote, if any: no producer will be started again."""
         zygote, self._zygote = self._zygote, None
         if zygote is not None:
             zygote.close()
@@ -412,49 +423,6 @@ class BaseRunner(RunnerHooks):
             )
         return w
 
-    # ----- one call at a time -----
-
-    def _begin(self, call: Call, timeout: float | None) -> None:
-        """Makes ``call`` the running call. Waits for a call of another thread to end;
-        raises :class:`RunnerBusyError` at once where waiting could never end."""
-        me = threading.current_thread()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        with self._call_cond:
-            while self._active_call is not None:
-                active = self._active_call
-                if any(t is me for t in active.threads):
-                    where = (
-                        "from inside the running call (a consumer hook, or its input iterable)"
-                        if me is not active.threads[0]
-                        else "while an imap of it is still open in this thread"
-                    )
-                    raise RunnerBusyError(
-                        f"this {type(self).__name__} runs one call at a time and a call was "
-                        f"made {where}: it would wait on itself. Finish or close() the open "
-                        "imap first, or use a second runner"
-                    )
-                if active.is_imap:
-                    raise RunnerBusyError(
-                        f"an imap of this {type(self).__name__} is open in another thread; "
-                        "a runner runs one call at a time: finish or close() that imap first, "
-                        "or use a second runner"
-                    )
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    raise RunnerTimeoutError(
-                        f"timeout={timeout} s ran out while waiting for another thread's call "
-                        "on this runner to finish",
-                        timeout=timeout or 0.0,
-                    )
-                self._call_cond.wait(left)
-            self._active_call = call
-
-    def _end(self, call: Call) -> None:
-        with self._call_cond:
-            if self._active_call is call:
-                self._active_call = None
-                self._call_cond.notify_all()
-
     # ----- calls -----
 
     def __call__(
@@ -498,7 +466,8 @@ class BaseRunner(RunnerHooks):
         Returns:
             Any: result (the value ``consumer_end`` returns)
         """
-        call = Call(self, data_iter, progress, timeout, is_imap=False, read_ahead=read_ahead)
+        host = self._stream_host()
+        call = Call(host, data_iter, progress, timeout, is_imap=False, read_ahead=read_ahead)
         return call.run_with_consumer()
 
     def imap(
@@ -525,7 +494,8 @@ class BaseRunner(RunnerHooks):
         Yields:
             Any: what ``producer_work`` returned for each item.
         """
-        call = Call(self, data_iter, progress, timeout, is_imap=True, read_ahead=read_ahead)
+        host = self._stream_host()
+        call = Call(host, data_iter, progress, timeout, is_imap=True, read_ahead=read_ahead)
         return call.iterate()
 
 

@@ -107,7 +107,7 @@ class OrderedRunner(BaseRunner):
     _ordered = True
 
 
-class _TorchTaskRunner(_tasks._TaskHooks, UnorderedRunner):
+class _TorchTaskRunner(_tasks.TaskHooks, UnorderedRunner):
     """The runner behind the torch :class:`Pool`."""
 
 

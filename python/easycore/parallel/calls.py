@@ -1,0 +1,149 @@
+"""A pool's ``map``/``imap`` call in the caller's thread: handing out its results as they
+arrive, closing it when its caller leaves, and ``map_async``'s collecting thread.
+
+Nothing here holds the pool: what a call needs (its job, the scheduler, how to close it) is
+passed in, so a results iterator never keeps a dropped pool's workers alive by itself.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any, cast
+
+from easycore._engine.lifecycle import TICK
+from easycore.errors import PoolClosedError, PoolTimeoutError
+from easycore.parallel.job import _Job
+from easycore.parallel.results import AsyncResult, _async_result
+from easycore.parallel.schedule import Scheduler
+from easycore.parallel.tasks import mark_abandoned
+
+
+def close_job(job: _Job, scheduler: Scheduler, abandoned: Any) -> None:
+    """``job``'s caller is done with it: its input is not read further, and if it left
+    before the end (``break``), the workers skip its items still queued."""
+    with job.cv:
+        if not (job.input_done and job.consumed >= job.pulled):
+            mark_abandoned(abandoned, job.jid)  # left early: skip what is queued
+        job.closed = True
+    scheduler.close_job(job.jid)
+
+
+def _abandon(job: _Job, scheduler: Scheduler, abandoned: Any) -> None:
+    """``job``'s results iterator was dropped: the call is abandoned. Takes no lock (this
+    runs wherever the garbage collector does): the feed drops a closed job."""
+    job.closed = True
+    mark_abandoned(abandoned, job.jid)
+    scheduler.cut_reading()
+
+
+def results(
+    job: _Job,
+    chunks: Iterator[list[Any]],
+    scheduler: Scheduler,
+    abandoned: Any,
+) -> Iterator[Any]:
+    """The results of ``job``, one at a time: a C-level chain over the lists that
+    ``chunks`` (:func:`result_chunks`) hands out (no Python frame per result)."""
+    # A results iterator dropped unconsumed (never started: its finally never runs)
+    # abandons its call, so that close()/shutdown() do not wait for it.
+    weakref.finalize(chunks, _abandon, job, scheduler, abandoned)
+    return itertools.chain.from_iterable(chunks)
+
+
+def result_chunks(
+    job: _Job,
+    scheduler: Scheduler,
+    timeout: float | None,
+    begin: Callable[[], Any],
+    close: Callable[[], None],
+    terminate: Callable[[], None],
+) -> Iterator[list[Any]]:
+    """The lists of ``job``'s results as they can be handed out (in order, or as they
+    arrived). ``begin`` is called when the caller first asks (it may refuse the calling
+    thread) and returns a progress bar or None; ``close`` closes the job (called at the end,
+    however it ends); ``terminate`` stops the pool (Ctrl-C)."""
+    bar = begin()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            with job.cv:
+                while True:
+                    if job.error is not None and job.next_index >= job.error_at:
+                        raise job.error
+                    if scheduler.terminated:
+                        raise PoolClosedError("the pool was terminated")
+                    n = 0  # results in got (a list of lists: none is copied)
+                    if job.ordered:
+                        by_index = cast("dict[int, list[Any]]", job.ready)  # ordered: a dict
+                        got = []
+                        i = job.next_index
+                        stop = job.error_at if job.error is not None else -1
+                        while i in by_index and i != stop:
+                            chunk = by_index.pop(i)
+                            got.append(chunk)
+                            i += len(chunk)
+                        n = i - job.next_index
+                        job.next_index = i
+                    else:
+                        arrived = cast("collections.deque[list[Any]]", job.ready)
+                        got = list(arrived)
+                        arrived.clear()
+                        for chunk in got:
+                            n += len(chunk)
+                    if n:
+                        break
+                    if job.input_done and job.consumed >= job.pulled:
+                        return
+                    wait = TICK
+                    if deadline is not None:
+                        wait = min(wait, deadline - time.monotonic())
+                        if wait <= 0:
+                            raise PoolTimeoutError(f"no result within timeout={timeout} s")
+                    job.waiting = True
+                    job.cv.wait(wait)
+                    job.waiting = False
+                full = not job.has_room()
+                job.consumed += n
+                full = full and job.has_room()
+            if full:  # the feed may wait for this job's room: wake it (under the lock)
+                scheduler.notify()
+            if bar is not None:
+                bar.update(n)
+            yield from got
+    except KeyboardInterrupt:
+        # Ctrl-C: stop everything, as the runners do (busy workers are interrupted).
+        close()
+        terminate()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        close()
+
+
+def collect(
+    values: Callable[[], Iterator[Any]],
+    callback: Callable[[list[Any]], Any] | None,
+    error_callback: Callable[[BaseException], Any] | None,
+) -> AsyncResult:
+    """``map_async``: a thread makes a list of ``values()``; the :class:`AsyncResult` of it."""
+    fut: Future[list[Any]] = Future()
+    fut.set_running_or_notify_cancel()
+    result = _async_result(fut, callback, error_callback)
+
+    def run() -> None:
+        try:
+            value = list(values())
+        except BaseException as e:  # noqa: BLE001 - handed to get()
+            fut.set_exception(e)
+        else:
+            fut.set_result(value)
+
+    threading.Thread(target=run, name="easycore-map-async", daemon=True).start()
+    return result
