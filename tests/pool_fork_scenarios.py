@@ -118,7 +118,7 @@ def settle(pids: set[int], seconds: float = 10.0) -> list[str]:
 
 
 def kill_a_worker(pool: Pool) -> None:
-    victim = pool._runner._workers.procs[0]  # type: ignore[union-attr]
+    victim = pool._stream.runner._workers.procs[0]  # type: ignore[union-attr]
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(30)
 
@@ -185,9 +185,9 @@ def scenario_zygote_killed() -> dict[str, object]:
     """The process that forks the replacements is killed: the pool goes on."""
     out: dict[str, object] = {}
     with Pool(2, start_method="fork") as pool:
-        zygote = pool._runner._zygote.pid  # type: ignore[union-attr]
+        zygote = pool._stream.runner._zygote.pid  # type: ignore[union-attr]
         out["zygote_was_a_child"] = zygote in descendants()
-        first = {p.pid for p in pool._runner._workers.procs}  # type: ignore[union-attr]
+        first = {p.pid for p in pool._stream.runner._workers.procs}  # type: ignore[union-attr]
         os.kill(zygote, signal.SIGKILL)
         settle({zygote})
         seen = restarts(pool, out)

@@ -61,7 +61,7 @@ def _zygote_main(
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the caller, which stops us
     # Forked as a daemon (so that an exiting caller's multiprocessing never waits for it),
     # yet it starts children: its producers, which are no daemons.
-    multiprocessing.current_process()._config["daemon"] = False  # type: ignore[attr-defined]
+    multiprocessing.current_process().daemon = False
     ctx = multiprocessing.get_context("fork")
     kids: dict[int, tuple[int, Any]] = {}  # sentinel -> (request id, process)
 
