@@ -196,6 +196,26 @@ def scenario_zygote_killed() -> dict[str, object]:
     return out
 
 
+def scenario_many_fds() -> dict[str, object]:
+    """The caller holds descriptors numbered past 1023 (select(2)'s limit) when it makes the
+    pool, so the zygote's and the workers' descriptors are numbered past it too."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 1200 <= hard or (soft < 1200 and hard == resource.RLIM_INFINITY):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    null = os.open(os.devnull, os.O_RDONLY)
+    held = [os.dup(null) for _ in range(1100)]
+    out: dict[str, object] = {"highest_fd": max(held)}
+    with Pool(2, start_method="fork") as pool:
+        seen = restarts(pool, out)
+        everything = descendants() | seen
+    out["left_behind"] = settle(everything)
+    for fd in [*held, null]:
+        os.close(fd)
+    return out
+
+
 def scenario_caller_killed() -> dict[str, object]:
     """Prints the pids under this process, then waits to be killed (the test kills it)."""
     pool = Pool(2, start_method="fork")

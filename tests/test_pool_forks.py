@@ -80,6 +80,17 @@ def test_a_killed_zygote_loses_nothing():
     assert out["left_behind"] == []
 
 
+@pytest.mark.timeout(LIMIT_S + 30)
+def test_descriptors_past_1023_are_watched():
+    out = _run("many_fds")
+    assert out["highest_fd"] > 1023
+    assert out["after_idle_death"] is True
+    assert out["mid_map_death"] == "WorkerDiedError"
+    assert out["after_mid_map_death"] is True
+    assert out["forks_with_threads"] == []
+    assert out["left_behind"] == []
+
+
 def _alive(pids: list[int]) -> list[int]:
     out = []
     for p in pids:

@@ -33,9 +33,9 @@ the zygote); their exit codes are then unknown (:data:`UNKNOWN_EXIT`).
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
 import os
 import pickle
-import select
 import signal
 import socket
 import threading
@@ -73,10 +73,8 @@ def _zygote_main(
 
     sfd = sock.fileno()
     while True:
-        try:
-            ready, _, _ = select.select([sfd, *kids], [], [], _OWNER_CHECK_S)
-        except InterruptedError:
-            continue
+        # poll(2), not select(2): descriptors above 1023 are fine
+        ready = multiprocessing.connection.wait([sfd, *kids], _OWNER_CHECK_S)
         if not ready:
             if owner is not None and not owner_alive(owner):
                 os._exit(0)
@@ -147,11 +145,7 @@ class ZygoteChild:
         weakref.finalize(self, os.close, sentinel)
 
     def _exited(self, timeout: float | None = 0.0) -> bool:
-        try:
-            ready, _, _ = select.select([self.sentinel], [], [], timeout)
-        except (OSError, ValueError):
-            return True
-        return bool(ready)
+        return bool(multiprocessing.connection.wait([self.sentinel], timeout))
 
     @property
     def exitcode(self) -> int | None:
@@ -234,8 +228,7 @@ class Zygote:
             return False
         wait: float | None = timeout
         while True:
-            ready, _, _ = select.select([self._sock], [], [], wait)
-            if not ready:
+            if not multiprocessing.connection.wait([self._sock], wait):
                 return True
             try:
                 data = self._sock.recv(_MAX_PACKET)
