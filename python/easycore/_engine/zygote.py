@@ -72,13 +72,14 @@ def _zygote_main(
             os._exit(0)  # the caller is gone
 
     sfd = sock.fileno()
+    next_check = time.monotonic() + _OWNER_CHECK_S
     while True:
         # poll(2), not select(2): descriptors above 1023 are fine
         ready = multiprocessing.connection.wait([sfd, *kids], _OWNER_CHECK_S)
-        if not ready:
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + _OWNER_CHECK_S
             if owner is not None and not owner_alive(owner):
-                os._exit(0)
-            continue
+                os._exit(0)  # the caller died (its children watch it themselves)
         for fd in ready:
             if fd in kids:
                 rid, proc = kids.pop(fd)
