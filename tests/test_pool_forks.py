@@ -38,20 +38,21 @@ def _run(scenario: str) -> dict:
 @pytest.mark.timeout(LIMIT_S + 30)
 def test_workers_restarted_by_the_pool_are_not_forked_from_its_threads():
     out = _run("restarts")
-    assert out["forks_with_threads"] == []
-    assert out["fork_warnings"] == 0
-    assert out["after_idle_death"] is True
-    assert out["mid_map_death"] == "WorkerDiedError"
-    assert out["after_mid_map_death"] is True
-    assert out["maxtasksperchild_workers"] >= 3  # the first two, then replacements
-    assert out["left_behind"] == []
+    assert out["forks_with_threads"] == [], out
+    assert out["fork_warnings"] == 0, out
+    assert out["after_idle_death"] is True, out
+    assert out["mid_map_death"] == "WorkerDiedError", out
+    assert out["after_mid_map_death"] is True, out
+    assert out["maxtasksperchild_workers"] >= 3, out  # the first two, then replacements
+    assert out["left_behind"] == [], out
 
 
 @pytest.mark.timeout(LIMIT_S + 30)
 def test_replacement_workers_see_the_caller_as_it_was_when_the_pool_was_made():
     # A global changed after the pool was made: the first workers never saw the change,
     # and neither do their replacements (they are forks of the same snapshot).
-    assert _run("restarts")["values"] == ["at creation"]
+    out = _run("restarts")
+    assert out["values"] == ["at creation"], out
 
 
 @pytest.mark.timeout(LIMIT_S + 30)
@@ -60,35 +61,35 @@ def test_a_caller_that_runs_threads_when_it_makes_a_fork_pool_forks_once():
     # warns there, once, as for any fork of a threaded process); workers and replacements
     # come from the zygote.
     out = _run("threads_at_creation")
-    assert len(out["forks_with_threads"]) == 1
+    assert len(out["forks_with_threads"]) == 1, out
     if sys.version_info >= (3, 12):
-        assert out["fork_warnings"] == 1
-    assert out["maxtasksperchild_workers"] >= 3
-    assert out["mid_map_death"] == "WorkerDiedError"
-    assert out["after_idle_death"] is True and out["after_mid_map_death"] is True
-    assert out["left_behind"] == []
+        assert out["fork_warnings"] == 1, out
+    assert out["maxtasksperchild_workers"] >= 3, out
+    assert out["mid_map_death"] == "WorkerDiedError", out
+    assert out["after_idle_death"] is True and out["after_mid_map_death"] is True, out
+    assert out["left_behind"] == [], out
 
 
 @pytest.mark.timeout(LIMIT_S + 30)
 def test_a_killed_zygote_loses_nothing():
     # Workers are then forked by the caller itself, as without a zygote.
     out = _run("zygote_killed")
-    assert out["zygote_was_a_child"] is True
-    assert out["after_idle_death"] is True
-    assert out["mid_map_death"] == "WorkerDiedError"
-    assert out["after_mid_map_death"] is True
-    assert out["left_behind"] == []
+    assert out["zygote_was_a_child"] is True, out
+    assert out["after_idle_death"] is True, out
+    assert out["mid_map_death"] == "WorkerDiedError", out
+    assert out["after_mid_map_death"] is True, out
+    assert out["left_behind"] == [], out
 
 
 @pytest.mark.timeout(LIMIT_S + 30)
 def test_descriptors_past_1023_are_watched():
     out = _run("many_fds")
-    assert out["highest_fd"] > 1023
-    assert out["after_idle_death"] is True
-    assert out["mid_map_death"] == "WorkerDiedError"
-    assert out["after_mid_map_death"] is True
-    assert out["forks_with_threads"] == []
-    assert out["left_behind"] == []
+    assert out["highest_fd"] > 1023, out
+    assert out["after_idle_death"] is True, out
+    assert out["mid_map_death"] == "WorkerDiedError", out
+    assert out["after_mid_map_death"] is True, out
+    assert out["forks_with_threads"] == [], out
+    assert out["left_behind"] == [], out
 
 
 def _alive(pids: list[int]) -> list[int]:
@@ -114,7 +115,7 @@ def test_the_zygote_and_its_workers_end_with_a_killed_caller():
     try:
         line = proc.stdout.readline()
         pids = json.loads(line)["pids"]
-        assert len(pids) == 3  # the zygote and two workers
+        assert len(pids) == 3, pids  # the zygote and two workers
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(30)
         deadline = time.monotonic() + 30

@@ -53,15 +53,9 @@ _MAX_PACKET = 1 << 16
 UNKNOWN_EXIT = 255  #: exit code of a child whose zygote died before it could report it
 
 
-def _zygote_main(
-    sock: socket.socket, callers: socket.socket, owner: str | None, target: Callable[..., Any]
-) -> None:
-    """The zygote's loop (see the module); never returns (``os._exit``)."""
-    callers.close()  # the caller's end, inherited: neither we nor our children hold it
+def _zygote_main(sock: socket.socket, owner: str | None, target: Callable[..., Any]) -> None:
+    """The zygote's loop (see the module); ends with ``os._exit``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the caller, which stops us
-    # Forked as a daemon (so that an exiting caller's multiprocessing never waits for it),
-    # yet it starts children: its producers, which are no daemons.
-    multiprocessing.current_process().daemon = False
     ctx = multiprocessing.get_context("fork")
     kids: dict[int, tuple[int, Any]] = {}  # sentinel -> (request id, process)
 
@@ -200,27 +194,38 @@ class Zygote:
         self._replies: dict[int, tuple[Any, ...]] = {}
         self._down = False
         self._owner_pid = os.getpid()
-        ctx = multiprocessing.get_context("fork")
-        self._proc = ctx.Process(
-            target=_zygote_main,
-            args=(theirs, mine, owner, target),
-            name="easycore-zygote",
-            daemon=True,
-        )
-        try:
-            self._proc.start()
-        finally:
-            theirs.close()
+        self._exit: int | None = None  # the zygote's own exit code, once reaped
+        # A plain fork, not a multiprocessing.Process: multiprocessing would list it among
+        # this process's children, join it at exit and terminate it from a child that this
+        # process forks by hand and that exits normally (as it does its daemons).
+        pid = os.fork()
+        if pid == 0:  # the zygote: never returns to the caller's code
+            code = 1
+            try:
+                mine.close()  # neither the zygote nor its children hold the caller's end
+                _zygote_main(theirs, owner, target)
+            finally:
+                os._exit(code)
+        self.pid = pid
+        theirs.close()
 
-    @property
-    def pid(self) -> int | None:
-        """The zygote's pid."""
-        return self._proc.pid
+    def _reaped(self, block: bool = False) -> bool:
+        """Whether the zygote has exited (reaping it; call under the lock)."""
+        if self._exit is None and os.getpid() == self._owner_pid:
+            try:
+                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+            except ChildProcessError:  # reaped by someone else
+                self._exit = UNKNOWN_EXIT
+            else:
+                if pid:
+                    self._exit = os.waitstatus_to_exitcode(status)
+        return self._exit is not None
 
     @property
     def alive(self) -> bool:
         """Whether the zygote can still fork."""
-        return not self._down and self._proc.is_alive()
+        with self._lock:
+            return not self._down and not self._reaped()
 
     def _read(self, timeout: float) -> bool:
         """Reads what the zygote sent, waiting at most ``timeout`` for the first message
@@ -250,6 +255,7 @@ class Zygote:
         keeps its own copies). Returns None if the zygote is gone (then the caller forks
         itself); raises ``OSError`` if the zygote could not fork."""
         r, w = os.pipe()  # the sentinel: only the child holds w
+        reply: tuple[Any, ...] | None = None
         try:
             with self._lock:
                 if self._down:
@@ -268,16 +274,17 @@ class Zygote:
                     left = deadline - time.monotonic()
                     if left <= 0 or not self._read(left):
                         self._down = True
-                        self._proc.kill()  # stuck: it forks nothing more
+                        if not self._reaped():
+                            os.kill(self.pid, signal.SIGKILL)  # stuck: it forks nothing more
                         return None
                 reply = self._replies.pop(rid)
-        except BaseException:
-            os.close(r)
-            raise
         finally:
             os.close(w)
+            if reply is None or reply[0] != "pid":
+                os.close(r)
+        if reply is None:
+            return None
         if reply[0] == "error":
-            os.close(r)
             raise OSError(f"the zygote could not fork a producer: {reply[2]}")
         return ZygoteChild(self, rid, reply[2], r, name)
 
@@ -293,7 +300,9 @@ class Zygote:
             return self._codes.pop(rid)
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stops the zygote (children it forked are not touched) and waits for it."""
+        """Stops the zygote (children it forked are not touched) and reaps it."""
+        if os.getpid() != self._owner_pid:
+            return  # a forked child of the caller: the zygote is not its to stop
         with self._lock:
             if not self._down:
                 self._down = True
@@ -302,9 +311,9 @@ class Zygote:
                 except OSError:
                     pass
             self._sock.close()
-        if os.getpid() != self._owner_pid:
-            return  # a forked child of the caller: not its zygote to wait for
-        self._proc.join(timeout)
-        if self._proc.exitcode is None:
-            self._proc.kill()
-            self._proc.join(2.0)
+            deadline = time.monotonic() + timeout
+            while not self._reaped() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            if not self._reaped():
+                os.kill(self.pid, signal.SIGKILL)
+                self._reaped(block=True)
