@@ -118,7 +118,11 @@ def settle(pids: set[int], seconds: float = 10.0) -> list[str]:
 
 
 def kill_a_worker(pool: Pool) -> None:
-    victim = pool._stream.runner._workers.procs[0]  # type: ignore[union-attr]
+    workers = pool._stream.runner._workers
+    while workers is None or workers.closed:  # stopped (a failure): a call restarts them
+        pool.submit(square, 1).result(timeout=60)
+        workers = pool._stream.runner._workers
+    victim = workers.procs[0]
     os.kill(victim.pid, signal.SIGKILL)
     victim.join(30)
 
@@ -173,8 +177,9 @@ def scenario_threads_at_creation() -> dict[str, object]:
     with Pool(2, start_method="fork", maxtasksperchild=2) as pool:
         pids = pool.map(pid, range(12), chunksize=1)
         out["maxtasksperchild_workers"] = len(set(pids))
-        restarts(pool, out)
-        everything = descendants()
+        everything = descendants() | set(pids)
+    with Pool(2, start_method="fork") as pool:
+        everything |= restarts(pool, out) | descendants()
     stop.set()
     t.join()
     out["left_behind"] = settle(everything)
