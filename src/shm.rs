@@ -517,7 +517,9 @@ mod tests {
         // An old-format name whose owner cannot be vouched for is never swept.
         let old = Segment::create_named(&format!("/{NAME_PREFIX}{}.abcdef01", i32::MAX - 7), 4096)
             .unwrap();
-        assert!(sweep_stale() >= 1);
+        // Another sweep (a test beside this one, another process) may take it first: what
+        // counts is that the dead owner's segment is gone, not who removed it.
+        sweep_stale();
         assert!(Segment::attach(stale.name()).is_err());
         assert!(Segment::attach(live.name()).is_ok());
         assert!(Segment::attach(old.name()).is_ok());

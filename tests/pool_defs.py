@@ -174,3 +174,19 @@ def count_exit():
     from easycore.parallel import context
 
     return dict(context())
+
+
+def stuck_in_c(x, seconds=300.0):
+    """Returns ``x`` after ``seconds`` in C (``libc.pause``, called again when a signal wakes
+    it) with SIGALRM blocked: the pool's ``task_timeout`` timer cannot interrupt it."""
+    import ctypes
+
+    libc = ctypes.CDLL(None)
+    end = time.monotonic() + seconds
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        while time.monotonic() < end:
+            libc.pause()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
+    return x

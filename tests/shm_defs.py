@@ -108,3 +108,46 @@ class ShmLarge(ShmResults):
     def consumer_work(cfg, data):
         i, shared, cap, a = data
         cfg.out.append((i, shared, cap, int(a[0]), int(a[-1])))
+
+
+class ShmSized(UnorderedRunner):
+    """Items are ``(i, nbytes)``; returns ``(i, shared, array)``: an array of ``nbytes`` from
+    shm.empty filled with ``i % 251``, and whether it was in shared memory (not: the output
+    pool was full)."""
+
+    @staticmethod
+    def producer_work(device, cfg, item):
+        i, nbytes = item
+        a = shm.empty(nbytes, dtype=np.uint8)
+        a[:] = i % 251
+        return i, shm.is_shared(a), a
+
+
+class HeldResults(UnorderedRunner):
+    """Returns a small array per item; the consumer waits on its first item (the others pile
+    up in the output queue and arrive in one read) and returns the most results delivered
+    before the previous one that were still alive when a later one was delivered."""
+
+    @staticmethod
+    def producer_work(device, cfg, i):
+        return np.full(4, i)
+
+    @staticmethod
+    def consumer_init(cfg):
+        cfg.refs = []
+        cfg.most_alive = 0
+
+    @staticmethod
+    def consumer_work(cfg, data):
+        import time
+        import weakref
+
+        if not cfg.refs:
+            time.sleep(0.5)
+        alive = sum(r() is not None for r in cfg.refs[:-1])
+        cfg.most_alive = max(cfg.most_alive, alive)
+        cfg.refs.append(weakref.ref(data))
+
+    @staticmethod
+    def consumer_end(cfg):
+        return len(cfg.refs), cfg.most_alive

@@ -232,6 +232,7 @@ def test_large_results_keep_about_a_cache_in_flight(result_bytes, expected):
         learned=SimpleNamespace(out_bytes_per_item=float(result_bytes)),
         max_inflight_bytes=192 << 20,
         batch_size=lambda: 1,
+        out_q=None,  # no output pool here: test_result_segments.py has one
     )
     assert Sizing.window_now(call) == expected  # type: ignore[arg-type]
 

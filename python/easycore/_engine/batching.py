@@ -5,7 +5,9 @@ item) and what the call saw (input bytes per item)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+from easycore._engine import leases
 from easycore._engine.host import Learned, StreamSettings
 
 _TARGET_BATCH_S = 0.004  # producer work per message the batching aims at
@@ -23,6 +25,8 @@ class Sizing:
         cost: gives the producers' seconds per item instead of ``learned`` (the pool's
             stream: see :class:`~easycore._engine.stream.Call`), or None.
         max_inflight_bytes: the most bytes of results in flight.
+        out_q: the output queue, whose pool of segments large results are written in
+            (None: no such pool, as with Ray's transport).
     """
 
     def __init__(
@@ -31,6 +35,7 @@ class Sizing:
         learned: Learned,
         cost: Callable[[], float] | None,
         max_inflight_bytes: int,
+        out_q: Any = None,
     ) -> None:
         self.window = settings.window
         self.window_floor = settings.window_floor
@@ -39,6 +44,7 @@ class Sizing:
         self.learned = learned
         self.cost = cost
         self.max_inflight_bytes = max_inflight_bytes
+        self.out_q = out_q
         self.bytes_per_item = 0.0  # pickled input per item (last batch; the sender's)
 
     def cost_now(self) -> float:
@@ -74,4 +80,7 @@ class Sizing:
         # cached. With the whole budget in flight, 1 MiB results took 191 MiB of segments
         # in turn and came 1.5x slower (2-core VM, 32 MiB L3).
         cached = max(int(_CACHED_INFLIGHT_BYTES / largest), _CACHED_MIN_PER_PRODUCER * self.n)
-        return max(1, min(window, by_bytes, cached))
+        # And no more than the output pool has segments for: a result that finds the pool
+        # full is built in private memory and copied (see leases.results_in_flight).
+        pooled = leases.results_in_flight(self.out_q, int(largest), self.n) or window
+        return max(1, min(window, by_bytes, cached, pooled))

@@ -51,12 +51,44 @@ def set_target(q: Queue | None, producers: int = 1) -> None:
     _live.clear()
 
 
+# The pool's slot count (``SLOTS`` in src/slots.rs): at most this many pooled segments at once.
+POOL_SLOTS = 64
+# Results a consumer may still hold after their delivery (the one ``consumer_work`` has, the
+# last one a loop variable keeps): their segments are not back in the pool yet.
+_HELD_AFTER_DELIVERY = 2
+
+
+def slot_bytes(nbytes: int) -> int:
+    """At least the size of the pooled segment a body of ``nbytes`` takes (the pool rounds
+    sizes up by at most a sixteenth plus a page)."""
+    return nbytes + nbytes // 16 + 4096
+
+
+def results_in_flight(q: Queue | None, nbytes: int, producers: int) -> int | None:
+    """How many results of ``nbytes`` may be in flight (sent to a producer and not yet
+    delivered) so that each still finds a pooled segment of ``q`` (the output queue) when its
+    producer writes it: the segments the pool's cap and slot count allow, less those the
+    consumer still holds after delivery; at least one per producer. None: no bound (no queue,
+    or results small enough to travel in the ring).
+
+    A stream bounded by bytes alone keeps more large results in flight than the pool holds
+    (the byte bound counts neither the pool's rounding nor the results the consumer still
+    holds), and each result that finds the pool full is built in private memory, copied
+    into a one-shot segment and faulted in on both sides: 16 MiB results from
+    ``easycore.shm.empty`` ran at a third of their speed in the calls where that happened."""
+    if q is None or nbytes < q.pool_min:
+        return None
+    cap = q.pool_bytes()[1]
+    fit = min(cap // slot_bytes(nbytes), POOL_SLOTS) - _HELD_AFTER_DELIVERY
+    return max(producers, fit)
+
+
 def make_room(q: Queue, nbytes: int, depth: int) -> None:
     """Grows ``q``'s pool cap (it never shrinks) so that ``depth`` segments of ``nbytes`` fit
     beside what it holds: each producer building one, one in flight, and a few the consumer
     holds. Bounded by a quarter of /dev/shm's free space (plus what the pool holds now), so
     that large results do not find the pool full for want of a cap sized for small ones."""
-    slot = nbytes + nbytes // 16 + 4096  # a segment's size, rounded up as the pool does
+    slot = slot_bytes(nbytes)  # a segment's size, rounded up as the pool does
     used, cap = q.pool_bytes()
     want = depth * slot
     if want <= cap:

@@ -223,6 +223,7 @@ def start_local(start: ProducerStart) -> LocalWorkers:
                 name=name,
                 daemon=False,
             )
+            workers.start_s[i] = time.perf_counter()  # until ready: see _await_ready
             try:
                 p.start()
             except (pickle.PicklingError, AttributeError, TypeError) as e:
@@ -307,10 +308,12 @@ def _await_ready(start: ProducerStart, workers: LocalWorkers) -> None:
                     timeout=limit,
                 ) from None
             continue
-        for _seq, kind, parts in msgs:
+        for seq, kind, parts in msgs:
             t, _ = wire.unpack_kind(kind)
             if t == wire.READY:
                 ready += 1
+                workers.start_s[seq] = time.perf_counter() - workers.start_s[seq]
+                workers.init_s[seq] = float(bytes(parts[0]) or 0)
             elif t == wire.ERROR:
                 raise worker_error(codec.loads(parts))
 

@@ -159,7 +159,7 @@ def producer_main(
     if report is not None:
         _send(out_q, codec, index, wire.ERROR, report, alive)
         return
-    _put(out_q, index, wire.READY, [b""], alive)
+    _put(out_q, index, wire.READY, [repr(core.init_s).encode()], alive)
 
     def on_interrupt(signum: int, frame: Any) -> None:
         if core.interrupted():

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from easycore._engine import lifecycle, wire
+from easycore._engine.insights import SlowBatches
 from easycore._engine.reports import error_report, not_picklable_report
 
 # Layout of the shared state array of local producers: ``STATE_FIELDS`` int64 words per
@@ -254,6 +255,8 @@ class ProducerCore:
         self.busy = 0.0  # seconds in producer_work (and unpickling), reported with results
         self.working_call = 0  # the call of the batch being run (0: none)
         self.exit_value: Any = None  # what producer_end returned
+        self.init_s = 0.0  # seconds of the set-up and producer_init
+        self.slow = SlowBatches()  # the call's slowest batches
 
     # ----- start and end -----
 
@@ -269,12 +272,14 @@ class ProducerCore:
 
     def init(self) -> dict[str, Any] | None:
         """Runs the set-up and ``producer_init``: None, or the error report if one raised."""
+        t0 = time.perf_counter()
         try:
             if self.setup is not None:
                 self.setup(self.device)
             self.hooks.producer_init(self.device, self.cfg)
         except BaseException as e:  # noqa: BLE001 - reported to the caller
             return error_report("producer_init", self.device, None, e, "hook")
+        self.init_s = time.perf_counter() - t0
         return None
 
     def end(self) -> dict[str, Any] | None:
@@ -316,8 +321,10 @@ class ProducerCore:
 
         Returns:
             ``(wire.RESULT, parts, first)``, the parts of ``(first, results, index, busy_s,
-            wait_s)``, or ``(wire.ERROR, report, first)`` (the report a dict, for the host to
-            send); ``first`` is the batch's first item (None if the batch did not unpickle).
+            wait_s, slow)`` (``slow``: the batch if among the call's slowest, see
+            ``insights.SlowBatches``), or ``(wire.ERROR, report, first)`` (the report a
+            dict, for the host to send); ``first`` is the batch's first item (None if the
+            batch did not unpickle).
 
         Raises:
             Interrupted: the caller's interrupt (the batch is dropped).
@@ -329,12 +336,15 @@ class ProducerCore:
             self._idle(t0)
             raise
 
-    def _idle(self, t0: float) -> None:
-        """The batch begun at ``t0`` is over: nothing is being worked on."""
+    def _idle(self, t0: float) -> float:
+        """The batch begun at ``t0`` is over: nothing is being worked on. Returns its
+        seconds."""
         self.working_call = 0
         if self.state is not None:
             self.state[self.me + ITEM] = -1
-        self.busy += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        self.busy += took
+        return took
 
     def _run(
         self, call: int, parts: list[Any], wait_s: float, t0: float
@@ -381,10 +391,11 @@ class ProducerCore:
             raise
         except BaseException as e:  # noqa: BLE001
             failed = error_report("producer_work", device, first + len(results), e, "hook")
-        self._idle(t0)  # pickling the results is not producer_work's time
+        took = self._idle(t0)  # pickling the results is not producer_work's time
         if failed is not None:
             return wire.ERROR, failed, first
-        payload = (first, results, self.index, self.busy, wait_s)
+        slow = self.slow.note(call, took, first, items)
+        payload = (first, results, self.index, self.busy, wait_s, slow)
         try:
             return wire.RESULT, codec.dumps(payload), first
         except BaseException as e:  # noqa: BLE001

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from easycore._engine.insights import SlowTask, summary
+
 
 @dataclass
 class RunnerStats:
@@ -31,6 +33,13 @@ class RunnerStats:
         direct_items: input items the receiving thread read itself, one at a time with
             nothing in flight (``read_ahead=False``, or a request/response input that the
             input thread handed over), not through the input thread.
+        producer_start_s: per producer, seconds from its process's start until it was
+            ready (``producer_init`` done), when the producers last started (local ones).
+        producer_init_s: per producer, seconds of its set-up and ``producer_init`` (the
+            pool's ``initializer``), part of ``producer_start_s``.
+        slowest: the call's slowest batches, slowest first (at most 5): a
+            :class:`~easycore._engine.insights.SlowTask` each, with its seconds, producer,
+            first item and count (a batch of one item: that item's own time).
     """
 
     items: int = 0
@@ -46,6 +55,14 @@ class RunnerStats:
     consumer_busy_s: float = 0.0
     input_wait_s: float = 0.0
     direct_items: int = 0
+    producer_start_s: dict[int, float] = field(default_factory=dict)
+    producer_init_s: dict[int, float] = field(default_factory=dict)
+    slowest: list[SlowTask] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """A readable table: per producer, items, start-up, init, time in tasks and
+        waiting; then the slowest batches and :meth:`bottleneck` (as mpire's insights)."""
+        return summary(self)
 
     def bottleneck(self) -> str:
         """A one-line reading of the figures: who waited on whom."""

@@ -43,6 +43,7 @@ from easycore._core import ReorderBuffer
 from easycore._engine import reader, wire
 from easycore._engine.host import Learned, StreamHost, StreamSettings, progress_bar
 from easycore._engine.input_side import InputSide
+from easycore._engine.insights import merge_slow, started
 from easycore._engine.lifecycle import TICK
 from easycore._engine.reports import call_hook, hook_error, worker_error
 from easycore._engine.runs import Flag, RunSource
@@ -120,6 +121,8 @@ class Call:
             producer_busy_s={i: 0.0 for i in range(self.n)},
             producer_wait_s={i: 0.0 for i in range(self.n)},
             producer_items={i: 0 for i in range(self.n)},
+            producer_start_s=started(self.workers, "start_s"),
+            producer_init_s=started(self.workers, "init_s"),
         )
         self.input = InputSide(
             data_iter,
@@ -284,7 +287,13 @@ class Call:
                 ):
                     raise self._timeout_error()
                 continue
-            yield from self._take(msgs)
+            # Each chunk leaves this frame as it is yielded: results delivered must not stay
+            # referenced here (their segments held) while the next get_many waits.
+            ready = self._take(msgs)
+            msgs = None
+            ready.reverse()
+            while ready:
+                yield ready.pop()
 
     def _take(self, msgs: list[Any]) -> list[tuple[int, list[Any], int]]:
         out: list[tuple[int, list[Any], int]] = []
@@ -301,7 +310,9 @@ class Call:
             inp.last_progress = time.monotonic()
             nb = wire.nbytes(parts)
             self.stats.bytes_out += nb
-            first, results, wi, busy, wait = self.codec.loads(parts)
+            first, results, wi, busy, wait, slow = self.codec.loads(parts)
+            if slow is not None:
+                merge_slow(self.stats, wi, slow)
             del parts
             count = inp.result_received(seq, len(results))
             learned.out_bytes_per_item = _ema(learned.out_bytes_per_item, nb / max(1, count))
@@ -472,6 +483,7 @@ class Call:
             producer_busy_s=dict(self.stats.producer_busy_s),
             producer_wait_s=dict(self.stats.producer_wait_s),
             producer_items=dict(self.stats.producer_items),
+            slowest=list(self.stats.slowest),
         )
         self._fill_stats(s)
         return s

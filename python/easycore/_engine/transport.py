@@ -190,6 +190,8 @@ class LocalWorkers(Transport):
         self.closed = False
         self.end_errors: list[dict[str, Any]] = []
         self.exit_results: dict[int, Any] = {}
+        self.start_s: dict[int, float] = {}  # per producer: process start until ready
+        self.init_s: dict[int, float] = {}  # per producer: its set-up and producer_init
         self.owner_pid = os.getpid()
         self.out_budget = out_budget
         self.receive = out_q.get_many  # type: ignore[method-assign]  # no frame

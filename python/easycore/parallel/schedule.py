@@ -63,6 +63,7 @@ class Scheduler:
         # Submitted, not sent: (future, task id, pickle).
         self._tasks: collections.deque[tuple[Future[Any], int, bytes]] = collections.deque()
         self._running: dict[int, Future[Any]] = {}  # sent tasks by id
+        self._resend: collections.deque[_WorkItem] = collections.deque()  # see resend()
         self._jobs: dict[int, _Job] = {}  # open map/imap calls by id
         self._ids = itertools.count(1)  # of tasks and jobs alike
         self._turn = 0  # the next job to take items from, round robin
@@ -206,6 +207,9 @@ class Scheduler:
             while True:
                 if generation != self._generation:
                     raise StopIteration
+                if self._resend:
+                    before_taking()
+                    return self._resend.popleft(), self._cuts
                 if tasks and len(running) < window:
                     before_taking()
                 while tasks and len(running) < window:
@@ -274,7 +278,7 @@ class Scheduler:
         ``timeout`` for some), else ``(end, generation)``: ``end`` if the service is over
         (terminated, or closed with everything sent), and the generation to run."""
         with self._cv:
-            if not (self._tasks or self._jobs or self._closing):
+            if not (self._tasks or self._jobs or self._closing or self._resend):
                 self._cv.wait(timeout)
                 return None
             end = self._terminated or (self._closing and self._all_sent())
@@ -311,9 +315,17 @@ class Scheduler:
             futures = list(self._running.values()) + [q[0] for q in self._tasks]
             self._running.clear()
             self._tasks.clear()
+            self._resend.clear()
             self._cut()
             self._cv.notify_all()
         return jobs, futures
+
+    def resend(self, items: list[_WorkItem]) -> None:
+        """Work items that a stream gave back untaken (its workers are being replaced: see
+        ``hardstop.py``): sent again, before other work, by the next stream."""
+        with self._cv:
+            self._resend.extend(items)
+            self._cv.notify_all()
 
     def end_generation_if(self, quiet: Callable[[bool], bool]) -> bool:
         """Under the lock: if ``quiet(feed_waiting)``, the stream's generation ends (a
@@ -330,7 +342,8 @@ class Scheduler:
     def _all_sent(self) -> bool:
         """Whether no task waits and every open job's input was read (or the job was
         abandoned): a closing pool's stream ends then."""
-        return not self._tasks and all(j.input_done or j.closed for j in self._jobs.values())
+        jobs = self._jobs.values()
+        return not (self._tasks or self._resend) and all(j.input_done or j.closed for j in jobs)
 
     def _cut(self) -> None:
         self._cuts += 1

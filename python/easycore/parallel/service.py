@@ -26,6 +26,7 @@ from easycore._engine.stream import Call
 from easycore._engine.zygote import await_thread_gone
 from easycore.errors import PoolClosedError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
+from easycore.parallel.hardstop import StuckWatch, kill_doomed, watch
 from easycore.parallel.job import _Job, task_error
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import _TaskHooks
@@ -115,6 +116,9 @@ class StreamService:
         self.thread: threading.Thread | None = None
         self._n_results = 0  # map results received by the current stream
         self._quiet_before = False  # the last stream failure was a quiet restart
+        self.task_timeout: float | None = runner_options.get("task_timeout")
+        self.doomed: list[Any] = []  # workers given up on, killed before the others stop
+        self.watch: StuckWatch | None = None  # tasks stuck past task_timeout (hardstop.py)
         scheduler.attach(self)
 
     def start(self, owner: Any) -> None:
@@ -124,6 +128,7 @@ class StreamService:
             target=_service_main, args=(weakref.ref(owner), self), name="easycore-pool", daemon=True
         )
         self.thread.start()
+        self.watch = watch(self, self.runner.stuck_slots, self.task_timeout)
 
     # ----- what the pool asks -----
 
@@ -163,6 +168,7 @@ class StreamService:
     def stop_workers(self, interrupt: bool) -> None:
         """Stops the workers (interrupting busy ones with ``interrupt``); the next stream
         starts new ones."""
+        kill_doomed(self.doomed)
         self.runner.stop_producers(interrupt)
 
     def retire_workers(self, interrupt: bool) -> None:
@@ -194,6 +200,8 @@ class StreamService:
                 cost=self._cost_per_value,
                 runs=feed,
             )
+            if self.watch is not None:
+                call.input.sizing.max_batch = 1  # a killed worker loses one work item
             self.call = call
             scheduler.begin_stream(feed)
             self._n_results = 0

@@ -16,11 +16,14 @@ from typing import Any
 from easycore._engine import wire
 from easycore._engine.extension import Extension, Setup
 from easycore._engine.host import StreamHost
-from easycore._engine.producer import Interrupted, seed_for_item
+from easycore._engine.insights import describe_batches_with
+from easycore._engine.producer import Interrupted, seed_for_item, worker_info
 from easycore._engine.reports import error_report, not_picklable_report
 from easycore.common.parallel import engine
 from easycore.parallel.feed import _ONE, _TASK, _WorkItem, _WorkResult
 from easycore.parallel.functions import _ByValue, _load_by_value, by_cloudpickle
+from easycore.parallel.hardstop import bind, limited, slots
+from easycore.parallel.slowest import describe_batch
 
 _CONTEXT: Any = None
 _CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
@@ -85,7 +88,9 @@ class _Setup:
         item_seed: int | None = None,
         worker_exit: Any = None,
         task_timeout: float | None = None,
+        stuck_slots: Any = None,
     ) -> None:
+        self.stuck_slots = stuck_slots
         self.codec = codec
         self.abandoned = abandoned
         self.worker_exit = worker_exit
@@ -103,6 +108,9 @@ class _Setup:
         if self.task_timeout is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGALRM, _on_alarm)  # a worker process of its own: ours
             _TASK_LIMIT = self.task_timeout
+            info = worker_info()
+            bind(self.stuck_slots, info.index if info is not None else 0)
+        describe_batches_with(describe_batch)  # the labels of Pool.stats.slowest
         _EXIT = self.worker_exit
         if isinstance(_EXIT, _ByValue):  # not pickled on the way (fork)
             _EXIT = _load_by_value(_EXIT.key, _EXIT.blob)
@@ -148,7 +156,7 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
             if seed is not None:
                 seed_for_item(seed, index, 0)  # a task's id is never a job's
             if _TASK_LIMIT is not None:
-                value = _limited(_TASK_LIMIT, f, *args, **kwargs)
+                value = limited(_TASK_LIMIT, 0, index, f, args, kwargs)
             else:
                 value = f(*args, **kwargs)
             try:
@@ -186,7 +194,7 @@ def _run_each(fn: Any, arg: list[Any], mode: int, job: int, index: int, out: lis
         if seed is not None:
             seed_for_item(seed, job, index + k)
         args = (x,) if mode == _ONE else x
-        out.append(fn(*args) if limit is None else _limited(limit, fn, *args))
+        out.append(fn(*args) if limit is None else limited(limit, job, index + k, fn, args, {}))
 
 
 class _TaskTimeout(TimeoutError):
@@ -195,16 +203,6 @@ class _TaskTimeout(TimeoutError):
 
 def _on_alarm(signum: int, frame: Any) -> None:
     raise _TaskTimeout("the task ran longer than the pool's task_timeout and was stopped")
-
-
-def _limited(limit: float, f: Any, *args: Any, **kwargs: Any) -> Any:
-    """``f(*args, **kwargs)``, stopped by a ``TimeoutError`` raised inside it after ``limit``
-    seconds (a SIGALRM timer of this worker process)."""
-    signal.setitimer(signal.ITIMER_REAL, limit)
-    try:
-        return f(*args, **kwargs)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
 
 
 def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_WorkResult | None]:
@@ -282,6 +280,8 @@ class PoolExtension(Extension):
         item_seeds: seed each item's random stream (the pool's ``seed_per_item``).
         worker_exit: run in each worker as it stops (its value is in ``exit_results``).
         task_timeout: the most seconds a task or map item may run.
+        stuck_slots: where each worker says which task it runs since when (a task stuck
+            past ``task_timeout``: see ``hardstop.py``), or None.
     """
 
     def __init__(
@@ -292,7 +292,9 @@ class PoolExtension(Extension):
         item_seeds: bool,
         worker_exit: Any,
         task_timeout: float | None,
+        stuck_slots: Any = None,
     ) -> None:
+        self.stuck_slots = stuck_slots
         self.setup = setup
         self.codec = codec
         self.on_unsendable = on_unsendable
@@ -313,6 +315,7 @@ class PoolExtension(Extension):
             seed if self.item_seeds else None,
             self.worker_exit,
             self.task_timeout,
+            self.stuck_slots,
         )
 
     def keep_sendable(
@@ -353,10 +356,19 @@ class TaskHooks(engine.BaseRunner):
     ) -> None:
         """``setup``, ``on_unsendable``, ``item_seeds``, ``worker_exit``, ``task_timeout``:
         see :class:`PoolExtension`; the rest as for a runner."""
+        local = task_timeout is not None and kwargs.get("backend") in (None, "local")
         self._extension = PoolExtension(
-            setup, self._codec(), on_unsendable, item_seeds, worker_exit, task_timeout
+            setup,
+            self._codec(),
+            on_unsendable,
+            item_seeds,
+            worker_exit,
+            task_timeout,
+            slots() if local else None,
         )
         super().__init__(devices, **kwargs)
+
+    _extension: PoolExtension
 
     producer_init = staticmethod(_run_initializer)
     producer_work = staticmethod(_run_item)
@@ -380,6 +392,15 @@ class TaskHooks(engine.BaseRunner):
         """No producer will start again (the pool's end): stops the zygote that forks them
         under fork, if any."""
         self._close_zygote()
+
+    @property
+    def stuck_slots(self) -> Any:
+        """Where each worker says which task it runs since when (``hardstop.py``), or None."""
+        return self._extension.stuck_slots
+
+    def producers(self) -> Any:
+        """The engine's transport of the current producers (None: stopped)."""
+        return self._workers
 
     def producer_died(self) -> bool:
         """Whether a producer has died, or the producers are already stopped."""

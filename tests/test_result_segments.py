@@ -1,0 +1,91 @@
+"""Large results and the output queue's pooled segments: a call keeps no more results in
+flight than the pool has segments for, and delivered results are not kept alive by the
+runner (their segments go back to the pool as soon as the consumer drops them)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import shm_defs as sd
+from easycore._core import Queue
+from easycore.common.parallel import leases
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_delivered_results_are_not_held_while_the_next_are_awaited():
+    # One item per message (window 4, one producer): the results that piled up while the
+    # consumer waited arrive in one read; each must be dropped once delivered, not kept
+    # until the next read returns (which held a pooled segment per result).
+    with sd.HeldResults(devices=1, window=4) as r:
+        count, most_alive = r(range(12))
+    assert count == 12
+    assert most_alive == 0
+
+
+@pytest.mark.parametrize("nbytes", [1 << 20, (1 << 20) + (100 << 10)])
+def test_a_slow_consumer_never_finds_the_pool_full(nbytes):
+    # A small output pool (16 MiB: sixteen segments of 1 MiB, fourteen of 1.1 MiB) and a
+    # consumer slower than the producer, which keeps the previous result while it waits for
+    # the next (an imap loop's variable): the window fills up. Every result must still be
+    # born in a pooled segment (after the first call, which learns the results' size).
+    with sd.ShmSized(devices=1, queue_scale=0.5) as r:
+        list(r.imap((i, nbytes) for i in range(40)))
+        for _ in range(2):
+            count = private = 0
+            for i, shared, a in r.imap((i, nbytes) for i in range(60)):
+                time.sleep(0.003)
+                assert a.nbytes == nbytes and a[0] == a[-1] == i % 251
+                count += 1
+                private += not shared
+            assert count == 60
+            assert private == 0, f"{private} of 60 results found the pool full"
+
+
+@pytest.mark.parametrize("nbytes", [300 << 10, 1 << 20, 16 << 20, 64 << 20])
+def test_results_in_flight_fit_the_pool(nbytes):
+    q = Queue(capacity_bytes=1 << 20, side_budget=96 << 20)
+    try:
+        cap = q.pool_bytes()[1]
+        n = leases.results_in_flight(q, nbytes, 2)
+        assert n is not None and n >= 2
+        fit = min(cap // leases.slot_bytes(nbytes), leases.POOL_SLOTS)
+        # With the two a consumer may still hold, they fit (unless one per producer does not).
+        assert n + 2 <= fit or n == 2
+        assert leases.results_in_flight(q, 1000, 2) is None  # travels in the ring
+        assert leases.results_in_flight(None, nbytes, 2) is None
+    finally:
+        q.close()
+        q.unlink()
+
+
+@pytest.mark.parametrize(
+    ("result_bytes", "expected"),
+    [
+        (1 << 20, 48),  # 1 MiB: the cache bound (about 48 MiB in flight)
+        (16 << 20, 9),  # 16 MiB: eleven segments fit the 192 MiB pool, less two held
+        (64 << 20, 2),  # 64 MiB: one per producer
+    ],
+)
+def test_the_window_holds_what_the_output_pool_has_segments_for(result_bytes, expected):
+    from types import SimpleNamespace
+
+    from easycore._engine.batching import Sizing
+
+    q = Queue(capacity_bytes=1 << 20, side_budget=96 << 20)  # a pool of 192 MiB
+    try:
+        call = SimpleNamespace(
+            window=10_000,
+            window_floor=10_000,
+            n=2,
+            bytes_per_item=0.0,
+            learned=SimpleNamespace(out_bytes_per_item=float(result_bytes)),
+            max_inflight_bytes=192 << 20,
+            batch_size=lambda: 1,
+            out_q=q,
+        )
+        assert Sizing.window_now(call) == expected  # type: ignore[arg-type]
+    finally:
+        q.close()
+        q.unlink()
