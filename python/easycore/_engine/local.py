@@ -201,6 +201,7 @@ def start_local(start: ProducerStart) -> LocalWorkers:
     try:
         for i, dev in enumerate(start.devices):
             name = f"easycore-producer-{i}-{dev}"
+            workers.start_s[i] = time.perf_counter()  # until ready: see _await_ready
             if zygote is not None:
                 blob = pickle.dumps((i, in_q, out_q, os.getpid(), n))
                 forked = zygote.fork(name, blob, [state_fd])
@@ -223,7 +224,6 @@ def start_local(start: ProducerStart) -> LocalWorkers:
                 name=name,
                 daemon=False,
             )
-            workers.start_s[i] = time.perf_counter()  # until ready: see _await_ready
             try:
                 p.start()
             except (pickle.PicklingError, AttributeError, TypeError) as e:
