@@ -186,6 +186,22 @@ def scenario_threads_at_creation() -> dict[str, object]:
     return out
 
 
+def scenario_back_to_back() -> dict[str, object]:
+    """Pools made one after the other, some with a ``task_timeout`` (a thread of its own
+    watches for stuck tasks): each pool's zygote is forked once the previous pool's threads
+    have left."""
+    out: dict[str, object] = {}
+    pids: set[int] = set()
+    ok = True
+    for k in range(6):
+        with Pool(2, start_method="fork", task_timeout=30 if k % 2 else None) as pool:
+            ok = ok and pool.map(square, range(50)) == [x * x for x in range(50)]
+            pids |= descendants()
+    out["results"] = ok
+    out["left_behind"] = settle(pids)
+    return out
+
+
 def scenario_zygote_killed() -> dict[str, object]:
     """The process that forks the replacements is killed: the pool goes on."""
     out: dict[str, object] = {}

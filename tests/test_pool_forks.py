@@ -71,6 +71,16 @@ def test_a_caller_that_runs_threads_when_it_makes_a_fork_pool_forks_once():
 
 
 @pytest.mark.timeout(LIMIT_S + 30)
+def test_pools_made_one_after_the_other_fork_from_one_thread():
+    # join() returns once the pool's threads have left the OS, so the next pool forks its
+    # zygote from a single-threaded caller.
+    out = _run("back_to_back")
+    assert out["results"] is True, out
+    assert out["forks_with_threads"] == [], out
+    assert out["left_behind"] == [], out
+
+
+@pytest.mark.timeout(LIMIT_S + 30)
 def test_a_killed_zygote_loses_nothing():
     # Workers are then forked by the caller itself, as without a zygote.
     out = _run("zygote_killed")

@@ -155,7 +155,13 @@ class StreamService:
         if threading.current_thread() is not thread:
             thread.join(timeout)
             if not thread.is_alive():
-                await_thread_gone(thread)  # gone from the OS too: a fork may follow
+                # Gone from the OS too, with the watch of stuck tasks (it ends within its
+                # poll once the service has): a fork may follow (the next pool's zygote).
+                watch = self.watch
+                if watch is not None:
+                    watch.thread.join(1.0)
+                    await_thread_gone(watch.thread)
+                await_thread_gone(thread)
         return not thread.is_alive()
 
     def abort(self) -> None:
