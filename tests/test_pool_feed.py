@@ -30,6 +30,12 @@ class FakeStream:
     def compact_input(self) -> None:
         pass
 
+    def input_coming(self) -> None:
+        pass
+
+    def round_trip(self, item, job) -> bool:
+        return False  # a caller's item goes through the feed
+
     def auto_chunk(self, job: _Job) -> int:
         return 3
 

@@ -9,7 +9,8 @@ What the receiving side uses, its whole interface:
 * to run the input: :meth:`InputSide.start_reader` (with ``reader.read_runs``, the input
   thread's body), :meth:`~InputSide.send_available`
   (under ``send_lock``), :meth:`~InputSide.reads_direct` and :meth:`~InputSide.read_one`
-  (it reads the input itself), :meth:`~InputSide.receiver_sleeps` and
+  (it reads the input itself), :meth:`~InputSide.send_direct` (the pool's caller read
+  them), :meth:`~InputSide.receiver_sleeps` and
   :meth:`~InputSide.receiver_woke` around each wait for results, :meth:`~InputSide.stop`,
   :meth:`~InputSide.join_reader`;
 * to account: :meth:`~InputSide.result_received` (one per result message, giving the input
@@ -417,13 +418,18 @@ class InputSide:
         pack = self.pack
         if pack is not None:
             items = pack(items)
+        return self.encode(items, count, pack is not None)
+
+    def encode(self, items: list[Any], count: int, packed: bool) -> tuple[int, int, Any] | None:
+        """Under send_lock: ``items`` (standing for ``count`` input items; ``packed``: their
+        number must not change) pickled as the next batch, or None if none is sendable."""
         first = self.next_item
         try:
             parts = self.codec.dumps((first, items))
         except Exception as e:
             kept = self.keep_sendable(list(items), first, e)
             if len(kept) != len(items):
-                if pack is not None:  # which input items a dropped one stood for is unknown
+                if packed:  # which input items a dropped one stood for is unknown
                     raise EasycoreError("keep_sendable must keep a packed batch's length") from e
                 self.dropped += count - len(kept)  # under send_lock
                 count = len(kept)
@@ -467,6 +473,19 @@ class InputSide:
             self.stats.batches += 1
             sent = True
         return sent
+
+    def send_direct(self, items: list[Any]) -> bool:
+        """``items``, work items read and packed outside the input thread (by the pool's
+        caller, a request/response loop), one input item each, become the next batch, which
+        the receiving loop sends first; False if another batch waits (nothing taken)."""
+        with self.send_lock:
+            if self.pending is not None or self.abort:
+                return False
+            batch = self.encode(items, len(items), True)
+            if batch is not None:
+                self.pending = batch
+                self.direct_total += len(items)
+        return True
 
     def drained(self) -> bool:
         """Whether every item read was sent and every batch sent came back (in the receiving

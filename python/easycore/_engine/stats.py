@@ -30,9 +30,10 @@ class RunnerStats:
         consumer_busy_s: seconds spent in ``consumer_work`` (0 for ``imap``).
         input_wait_s: seconds nothing was in flight while the receiving thread waited for
             the input iterable to yield (the input was the bottleneck then).
-        direct_items: input items the receiving thread read itself, one at a time with
-            nothing in flight (``read_ahead=False``, or a request/response input that the
-            input thread handed over), not through the input thread.
+        direct_items: input items read one at a time with nothing in flight by the thread
+            that waits for their results (a runner's receiving thread, a pool's caller)
+            rather than through the input thread (``read_ahead=False``, or a
+            request/response input that the input thread handed over).
         producer_start_s: per producer, seconds from its process's start until it was
             ready (``producer_init`` done), when the producers last started (local ones).
         producer_init_s: per producer, seconds of its set-up and ``producer_init`` (the

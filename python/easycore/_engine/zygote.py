@@ -113,18 +113,27 @@ def _child_main(
     return target(blob, fds)
 
 
-def await_thread_gone(thread: threading.Thread, timeout: float = 1.0) -> None:
-    """Waits (at most ``timeout``) until a thread that was joined has left the process.
+def await_gone(threads: list[threading.Thread], timeout: float = 1.0) -> None:
+    """Joins ``threads`` (ending ones: at most ``timeout`` in all), then waits (as long) until
+    they have left the process.
 
     ``Thread.join()`` returns as the thread's Python state goes, a moment before the OS
     thread ends; a fork made meanwhile (the next pool's zygote) would fork a process that
-    still runs two threads. Linux only (elsewhere it returns at once)."""
-    tid = thread.native_id
-    if tid is None or not os.path.isdir("/proc/self/task"):
+    still runs two threads. Linux only (elsewhere it only joins)."""
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if not os.path.isdir("/proc/self/task"):
         return
     deadline = time.monotonic() + timeout
-    while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < deadline:
-        time.sleep(0.001)
+    for thread in threads:
+        tid = thread.native_id
+        while (
+            tid is not None
+            and os.path.exists(f"/proc/self/task/{tid}")
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.001)
 
 
 class ZygoteChild:

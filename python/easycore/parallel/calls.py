@@ -18,7 +18,7 @@ from typing import Any, cast
 
 from easycore._engine.lifecycle import TICK
 from easycore.errors import PoolClosedError, PoolTimeoutError
-from easycore.parallel.job import _Job
+from easycore.parallel.job import ASK, READ, WAIT, _Job
 from easycore.parallel.results import AsyncResult, _async_result
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import mark_abandoned
@@ -70,8 +70,13 @@ def result_chunks(
     however it ends); ``terminate`` stops the pool (Ctrl-C)."""
     bar = begin()
     deadline = None if timeout is None else time.monotonic() + timeout
+    # A request/response input is read here, in the caller's thread (see job.wait_step and
+    # turn.py); not with a deadline (reading the input could outlast it).
+    allowed = deadline is None and scheduler.direct_ok
+    drained = scheduler.stream_drained
     try:
         while True:
+            step = WAIT
             with job.cv:
                 while True:
                     if job.error is not None and job.next_index >= job.error_at:
@@ -100,6 +105,9 @@ def result_chunks(
                         break
                     if job.input_done and job.consumed >= job.pulled:
                         return
+                    step = job.wait_step(allowed, drained)
+                    if step != WAIT:
+                        break
                     wait = TICK
                     if deadline is not None:
                         wait = min(wait, deadline - time.monotonic())
@@ -108,9 +116,18 @@ def result_chunks(
                     job.waiting = True
                     job.cv.wait(wait)
                     job.waiting = False
-                full = not job.has_room()
-                job.consumed += n
-                full = full and job.has_room()
+                if step == WAIT:
+                    if n > 1:
+                        job.ran_ahead()
+                    full = not job.has_room()
+                    job.consumed += n
+                    full = full and job.has_room()
+            if step == READ:
+                _read_and_send(job, scheduler)
+                continue
+            if step == ASK:
+                scheduler.want_input()
+                continue
             if full:  # the feed may wait for this job's room: wake it (under the lock)
                 scheduler.notify()
             if bar is not None:
@@ -125,6 +142,20 @@ def result_chunks(
         if bar is not None:
             bar.close()
         close()
+
+
+def _read_and_send(job: _Job, scheduler: Scheduler) -> None:
+    """The caller reads the next item of its call's input itself and sends it (receiving its
+    result too, if the stream lets it: ``Scheduler.send_direct``)."""
+    got = job.read_direct()
+    if job.handed_back:
+        job.handed_back = False
+        scheduler.notify()  # the feed reads the input again
+    if got is None:
+        scheduler.wake_feed()  # the input ended or failed (a closing pool may end)
+        return
+    x, index = got
+    scheduler.send_direct((job.jid, index, job.fn, [x], job.mode), job)
 
 
 def collect(

@@ -110,6 +110,9 @@ class WorkSource(Protocol):
     def wake_feed(self) -> None:
         """Wakes the feed if it waits for work."""
 
+    def input_coming(self) -> None:
+        """The feed took work, or its input ended: the stream (if parked) looks."""
+
     def worker_died(self) -> bool:
         """Whether a worker of the stream has died."""
 
@@ -168,7 +171,13 @@ class Feed:
         items the previous run gave (the reader counts them; None if there was no run since
         the last :meth:`recover`). A job's run reads at most ``limit`` items; it is the
         segment being read (``reading``, cut by :meth:`cut`) from before it is returned, and
-        settled by the next call."""
+        settled by the next call. The stream hears of it (a parked stream takes it up)."""
+        try:
+            return self._next_run(limit, got)
+        finally:
+            self.scheduler.input_coming()
+
+    def _next_run(self, limit: int, got: int | None) -> Iterable[Any] | None:
         scheduler = self.scheduler
         while True:
             seg = self.reading

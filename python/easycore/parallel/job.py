@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Iterable, Sequence, Sized
+from collections.abc import Callable, Iterable, Sequence, Sized
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any, cast
 
 from easycore._engine.reports import _loads_or_none, worker_error
 
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
+# A request/response input (item i+1 exists only once its caller took result i) is read by
+# its caller: after this many waits in a row with nothing on its way in the stream, the caller
+# asks the feed for the input; after this many items read itself, it hands the input back to
+# the feed (a probe: an input that now runs ahead is read in segments again), doubling each
+# time the input proves request/response still. As the runners do (``_engine/input_side``).
+_DIRECT_AFTER = 4
+_PROBE_FIRST, _PROBE_LAST = 16, 1024
+WAIT, READ, ASK = 0, 1, 2  # what a caller does when it finds no result (see wait_step)
 
 
 def task_error(report: dict[str, Any], cause: type = RemoteTraceback) -> BaseException:
@@ -102,6 +110,16 @@ class _Job:
         # stdlib's pools finish every task given), so close()/join() end.
         self.drain = False
         self.waiting = False
+        # The caller reads the input itself (calls.py): asked (want_direct), handed over by
+        # the feed when it is not reading it (direct), while the caller is inside next()
+        # (caller_reads). Written under cv.
+        self.want_direct = False
+        self.direct = False
+        self.caller_reads = False
+        self.starved = 0  # the caller's waits in a row with nothing on its way
+        self.direct_reads = 0  # items the caller read since the input was handed over
+        self.probe_at = _PROBE_FIRST
+        self.handed_back = False  # the caller gave the input back to the feed (read_direct)
 
     def has_room(self) -> bool:
         """Whether the feed may start reading more of this job's input: once at least a
@@ -110,13 +128,105 @@ class _Job:
         runs of thousands, not a few items each time its caller takes some results (each run
         costs a wake-up of the feed, a segment and a batch); a job with little ahead (an input
         waiting on its own results) is read at once."""
-        if self.closed or self.input_done:
+        if self.closed or self.input_done or self.direct:
             return False
         if self.drain:
             return True
         limit = self.limit()
         ahead = self.pulled - self.consumed
         return ahead < limit and 4 * ahead <= 3 * limit
+
+    def has_result(self) -> bool:
+        """Whether the caller has something to take: a result or an error (a guess without
+        the lock)."""
+        if self.error is not None:
+            return True
+        ready = self.ready
+        return self.next_index in ready if self.ordered else bool(ready)
+
+    def wait_step(self, allowed: bool, drained: Callable[[], bool]) -> int:
+        """Under cv: the caller found nothing to take and is about to wait. :data:`READ`: it
+        reads the next item itself now (its input was handed over and nothing of it is on
+        its way); :data:`ASK`: it asks the feed for the input (it waited
+        ``_DIRECT_AFTER`` times in a row with nothing on its way in the stream,
+        ``drained()``: a request/response input); :data:`WAIT`: it waits. ``allowed``: the
+        call and the pool allow it (no ``timeout``, no ``maxtasksperchild``)."""
+        if self.direct:
+            if (
+                self.consumed >= self.pulled
+                and not self.input_done
+                and self.error is None
+                and not self.drain
+            ):
+                self.caller_reads = True
+                return READ
+            return WAIT
+        if (
+            not allowed
+            or self.want_direct
+            or self.it is None
+            or self.chunksize is not None
+            or self.drain
+            or self.closed
+            or not drained()
+        ):
+            return WAIT
+        self.starved += 1
+        if self.starved < _DIRECT_AFTER:
+            return WAIT
+        self.want_direct = True
+        return ASK
+
+    def ran_ahead(self) -> None:
+        """The caller took several results at once: the input runs ahead."""
+        self.starved = 0
+
+    def input_turn(self) -> None:
+        """The feed, not reading this input (between segments, under the scheduler's lock):
+        hands it over to the caller that asked for it, or takes it back while the pool is
+        closing (``drain``: the input is read to its end whatever the caller does) unless
+        the caller is inside ``next()``."""
+        with self.cv:
+            if self.direct:
+                if self.drain and not self.caller_reads:
+                    self.direct = self.want_direct = False
+            elif self.want_direct and not self.drain and not self.closed:
+                self.direct = True
+                self.direct_reads = 0
+                self.cv.notify_all()
+
+    def read_direct(self) -> tuple[Any, int] | None:
+        """The caller reads the next item itself (after :data:`READ`): ``(item, index)``, or
+        None when the input ended or raised (then the job says so, as the feed would). After
+        a probe interval (or while closing) the input goes back to the feed; the caller
+        then tells the scheduler (:attr:`handed_back`)."""
+        try:
+            x = next(self.it)  # type: ignore[arg-type]
+        except StopIteration:
+            with self.cv:
+                self.caller_reads = False
+                self.input_done = True
+                self.cv.notify_all()
+            return None
+        except BaseException as e:  # noqa: BLE001 - the input's error, raised in its place
+            with self.cv:
+                self.caller_reads = False
+            self.fail_input(e)
+            return None
+        with self.cv:
+            self.caller_reads = False
+            index = self.pulled
+            self.pulled = index + 1
+            self.direct_reads += 1
+            if self.drain or self.direct_reads >= self.probe_at:
+                # Back to the feed, which reads ahead while this item is on its way: an input
+                # that now runs ahead is read in segments again; a request/response one is
+                # asked for again at the caller's next wait, and kept twice as long.
+                self.probe_at = min(2 * self.probe_at, _PROBE_LAST)
+                self.starved = _DIRECT_AFTER - 1
+                self.direct = self.want_direct = False
+                self.handed_back = True
+        return x, index
 
     def limit(self) -> int:
         """Most items read ahead of what the caller consumed (no bound while draining)."""

@@ -51,6 +51,13 @@ class StreamProbe(Protocol):
     def compact_input(self) -> None:
         """Frees the stream's input already sent (before the feed waits)."""
 
+    def input_coming(self) -> None:
+        """The feed took work, or the stream's input ended (a parked stream looks)."""
+
+    def round_trip(self, item: _WorkItem, job: _Job) -> bool:
+        """A caller sends ``item`` of ``job``, read by itself, and receives its result, if
+        the stream lets it; False: nothing was sent."""
+
     def auto_chunk(self, job: _Job) -> int:
         """The chunk size of a sliced job without a ``chunksize``."""
 
@@ -111,6 +118,17 @@ class Scheduler:
         return self._tasks_per_stream
 
     @property
+    def direct_ok(self) -> bool:
+        """bool: a caller may read its call's input itself (no ``maxtasksperchild``: the
+        feed counts every item of a stream)."""
+        return not self._tasks_per_stream
+
+    def any_direct(self) -> bool:
+        """Whether a caller reads its call's input itself (a guess, without the lock)."""
+        jobs = self._jobs
+        return bool(jobs) and any(job.direct for job in list(jobs.values()))
+
+    @property
     def feed_waiting(self) -> bool:
         """bool: the feed waits for work (a guess unless read under the lock)."""
         return self._feed_waiting
@@ -157,6 +175,21 @@ class Scheduler:
         feed = self._feed
         if feed is not None:
             feed.cut()
+
+    def want_input(self) -> None:
+        """A caller asks for its call's input (``_Job.wait_step``): the feed ends the segment
+        it reads, and hands the input over when it next looks for work."""
+        with self._cv:
+            self._cut()
+            self._cv.notify_all()
+
+    def send_direct(self, item: _WorkItem, job: _Job) -> None:
+        """``item`` of ``job``, read by its caller: sent and received by the caller if the
+        stream lets it (``StreamService.round_trip``), else queued for the feed, ahead of
+        everything."""
+        stream = self._stream
+        if stream is None or not stream.round_trip(item, job):
+            self.resend([item])
 
     def notify(self) -> None:
         """Wakes whoever waits for work (a job's caller made room, say)."""
@@ -224,6 +257,8 @@ class Scheduler:
                     start = self._turn % len(order)
                     self._turn += 1
                     for job in order[start:] + order[:start]:
+                        if job.want_direct or job.direct:
+                            job.input_turn()  # handed to its caller, or taken back
                         if job.has_room():
                             before_taking()
                             return job, self._cuts
@@ -255,6 +290,12 @@ class Scheduler:
         if self._feed_waiting:
             with self._cv:
                 self._cv.notify_all()
+
+    def input_coming(self) -> None:
+        """The feed took work, or its input ended: a parked stream looks (see turn.py)."""
+        stream = self._stream
+        if stream is not None:
+            stream.input_coming()
 
     def worker_died(self) -> bool:
         """Whether a worker of the stream has died (the feed asks before it takes work)."""
@@ -322,7 +363,8 @@ class Scheduler:
 
     def resend(self, items: list[_WorkItem]) -> None:
         """Work items that a stream gave back untaken (its workers are being replaced: see
-        ``hardstop.py``): sent again, before other work, by the next stream."""
+        ``hardstop.py``), or that a caller read itself and could not send (``send_direct``):
+        sent, before other work, by the feed (the next stream's, for the former)."""
         with self._cv:
             self._resend.extend(items)
             self._cv.notify_all()

@@ -23,13 +23,14 @@ from easycore._engine.lifecycle import TICK
 from easycore._engine.reports import not_picklable_error
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
-from easycore._engine.zygote import await_thread_gone
-from easycore.errors import PoolClosedError, WorkerDiedError
+from easycore._engine.zygote import await_gone
+from easycore.errors import PoolClosedError, RunnerClosedError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
 from easycore.parallel.hardstop import StuckWatch, kill_doomed, watch
 from easycore.parallel.job import _Job, task_error
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import _TaskHooks
+from easycore.parallel.turn import Left, Turn
 
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
 # The pool's default ``window`` (items in flight in its stream, and a job's read ahead):
@@ -110,6 +111,10 @@ class StreamService:
             **runner_options,
         )
         self.call: Call | None = None  # the current stream's call
+        self.turn: Turn | None = None  # who advances the current stream (see turn.py)
+        # One health look at a time: the feed, the parked service thread and a caller ask
+        # (a poll object refuses concurrent polls).
+        self._health = threading.Lock()
         self.item_cost = 0.0  # worker seconds per map item, learned
         self.room = [_WINDOW]  # results a job may hold ahead of its caller (by bytes)
         self.end_error: BaseException | None = None  # what the workers' exit raised
@@ -154,14 +159,8 @@ class StreamService:
             return True
         if threading.current_thread() is not thread:
             thread.join(timeout)
-            if not thread.is_alive():
-                # Gone from the OS too, with the watch of stuck tasks (it ends within its
-                # poll once the service has): a fork may follow (the next pool's zygote).
-                watch = self.watch
-                if watch is not None:
-                    watch.thread.join(1.0)
-                    await_thread_gone(watch.thread)
-                await_thread_gone(thread)
+            if not thread.is_alive():  # gone from the OS too, with its watch: a fork may follow
+                await_gone([thread] + ([self.watch.thread] if self.watch is not None else []))
         return not thread.is_alive()
 
     def abort(self) -> None:
@@ -170,20 +169,17 @@ class StreamService:
         if call is not None:
             call.abort = True
             call.attention.set()
+        self.input_coming()  # a parked service thread takes the stream back
 
-    def stop_workers(self, interrupt: bool) -> None:
+    def stop_workers(self, interrupt: bool, for_good: bool = False) -> None:
         """Stops the workers (interrupting busy ones with ``interrupt``); the next stream
-        starts new ones."""
+        starts new ones, unless ``for_good`` (the pool's end: their zygote stops too)."""
         kill_doomed(self.doomed)
-        self.runner.stop_producers(interrupt)
-
-    def retire_workers(self, interrupt: bool) -> None:
-        """Stops the workers for good (the pool's end): none will start again, so the
-        zygote that forks them under fork stops too."""
         try:
-            self.stop_workers(interrupt)
+            self.runner.stop_producers(interrupt)
         finally:
-            self.runner.release_zygote()
+            if for_good:
+                self.runner.release_zygote()
 
     # ----- the stream (service thread) -----
 
@@ -211,10 +207,7 @@ class StreamService:
             self.call = call
             scheduler.begin_stream(feed)
             self._n_results = 0
-            route = self._route
-            for results in call.iterate_chunks():
-                route(results)
-                del results  # not held while waiting: results handed out are freed
+            self._run(call)
             if scheduler.closed_and_all_sent():
                 return True
             if feed.recycled:  # maxtasksperchild: the next stream starts new workers
@@ -230,13 +223,124 @@ class StreamService:
                 return True
         return False
 
+    def _run(self, call: Call) -> None:
+        """Receives the stream's results and routes them until it ends. While nothing else
+        is on its way and a call reads its own input (a request/response loop), the service
+        thread parks after routing, and that call's caller advances the stream itself
+        (:meth:`round_trip`); what it leaves (others' results, an error, the end) is taken
+        up here."""
+        chunks = call.iterate_chunks()
+        turn = self.turn = Turn(call, chunks)
+        route = self._route
+        park_ok = self._park_ok
+
+        def still() -> bool:
+            return park_ok() and not self.worker_died()
+
+        try:
+            while True:
+                try:
+                    results = next(chunks)
+                except StopIteration:
+                    return
+                parked = turn.park_if(park_ok)
+                route(results)
+                del results  # not held while waiting: results handed out are freed
+                if not parked:
+                    continue
+                left = turn.wait(still)
+                if left is None:
+                    continue
+                if left.handed is not None:
+                    route(left.handed)
+                if left.error is not None:
+                    raise left.error
+                if left.ended:
+                    return
+        finally:
+            turn.close()
+
+    def _park_ok(self) -> bool:
+        """Whether the service thread may leave the stream to a caller that reads its own
+        input: no ``maxtasksperchild`` nor watch of stuck tasks (``hardstop.py``, which
+        ends a stream behind its back), the feed waits for work, a call reads its own input,
+        and nothing is on its way (read by the service thread: guesses, asked again every
+        tick while parked)."""
+        scheduler = self.scheduler
+        call = self.call
+        return (
+            scheduler.feed_waiting
+            and scheduler.any_direct()
+            and scheduler.direct_ok
+            and self.watch is None
+            and call is not None
+            and not call.abort
+            and call.drained()
+        )
+
+    def input_coming(self) -> None:
+        """The feed took work, or the stream's input ended: a parked service thread takes the
+        stream back (the feed's thread; any thread)."""
+        turn = self.turn
+        if turn is not None:
+            turn.wake()
+
+    def round_trip(self, item: _WorkItem, job: _Job) -> bool:
+        """A caller in a request/response loop read ``item`` of ``job`` itself. If the service
+        thread is parked (nothing else on its way), the caller sends it and receives until
+        its call has a result, in its own thread, and True is returned (it may then have
+        left the rest to the service thread). False: nothing was sent (the feed sends it)."""
+        turn = self.turn
+        if turn is None or not turn.try_take():
+            return False
+        call = turn.call
+        left: Left | None = None
+        wake = True
+        try:
+            if call.abort or not self._health.acquire(blocking=False):
+                return False
+            try:
+                died = self.runner.producer_died()
+            finally:
+                self._health.release()
+            if died:
+                return False  # the service thread finds out (a quiet restart)
+            if not call.input.send_direct([item]):
+                return False
+            jid = job.jid
+            route = self._route
+            while not job.has_result():
+                try:
+                    results = next(turn.chunks)
+                except StopIteration:
+                    left = Left(ended=True)
+                    break
+                except Exception as e:  # the stream failed: the service thread says so
+                    left = Left(error=e)
+                    break
+                except BaseException:  # Ctrl-C in this caller: it stops the pool
+                    left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
+                    raise
+                for r in results:
+                    if r is None or r[0] != jid:
+                        left = Left(handed=results)  # the service thread routes others'
+                        break
+                else:
+                    route(results)
+                    continue
+                break
+            wake = left is not None or not call.drained()
+            return True
+        finally:
+            turn.give_back(left, wake)
+
     def serve_end(self) -> None:
         """The service is over: stops the workers and fails what is still pending."""
         self.call = None
         self.scheduler.begin_stream(None)
         terminated = self.scheduler.terminated
         try:
-            self.retire_workers(interrupt=terminated)
+            self.stop_workers(interrupt=terminated, for_good=True)
         except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
             self.end_error = e
         # After a close, a job whose input was all read got every result (the stream
@@ -369,7 +473,8 @@ class StreamService:
     def worker_died(self) -> bool:
         """Whether a worker of the stream has died, or the workers were already stopped (the
         stream failed: its receiver saw the death first). The feed asks before taking work."""
-        return self.runner.producer_died()
+        with self._health:
+            return self.runner.producer_died()
 
     def drained(self) -> bool:
         """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""

@@ -1,0 +1,288 @@
+"""The pool's request/response path: an ``imap`` whose input yields item i+1 only after its
+caller took result i is read, sent and received by the caller itself (no hand-off through the
+pool's input and service threads), while inputs that run ahead keep their batches, and every
+pool semantics holds on that path (submit interleaved, several callers, abandoning, input
+errors, close, maxtasksperchild, a worker killed between two round trips).
+
+Every verdict counts (``pool.stats.direct_items``, the thread that read each item, batches);
+nothing is timed. Each feedback input waits on its results with a timeout of its own, so a
+regression fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+from collections.abc import Iterator
+
+import pool_defs as pd
+import pytest
+from easycore.parallel import Pool
+
+pytestmark = pytest.mark.timeout(180)
+
+N = 400
+
+
+def _feedback(n: int, got: queue.Queue[int], names: list[str] | None = None) -> Iterator[int]:
+    """Yields item i+1 only after result i came back; records the reading thread's name."""
+    for i in range(n):
+        if i:
+            got.get(timeout=30)  # raises queue.Empty instead of hanging
+        if names is not None:
+            names.append(threading.current_thread().name)
+        yield i
+
+
+def _loop(it: Iterator[int], got: queue.Queue[int], out: list[int], stop: int = -1) -> None:
+    for y in it:
+        out.append(y)
+        if len(out) == stop:
+            break
+        got.put(y)
+
+
+@pytest.mark.parametrize("ordered", [False, True])
+def test_a_feedback_loop_is_read_sent_and_received_by_its_caller(ordered):
+    got: queue.Queue[int] = queue.Queue()
+    names: list[str] = []
+    with Pool(2) as p:
+        imap = p.imap if ordered else p.imap_unordered
+        out: list[int] = []
+        _loop(imap(pd.square, _feedback(N, got, names)), got, out)
+        assert sorted(out) == [x * x for x in range(N)]
+        if ordered:
+            assert out == [x * x for x in range(N)]
+        me = threading.current_thread().name
+        # The feed reads the first items and each probe's; a loaded machine may interleave
+        # differently, hence a generous bound (on the old path: none at all).
+        assert names.count(me) > N // 4
+        assert p.stats.direct_items > N // 4
+        assert p.stats.direct_items <= names.count(me)
+
+
+def test_inputs_that_run_ahead_keep_their_batching():
+    n = 20_000
+    with Pool(2) as p:
+        assert p.map(pd.square, range(n)) == [x * x for x in range(n)]  # learn the cost
+        assert sum(p.imap_unordered(pd.square, iter(range(n)))) == sum(x * x for x in range(n))
+        assert p.stats.direct_items < n // 4
+        assert p.stats.batches < n // 4
+
+
+def test_a_feedback_input_that_turns_fast_is_read_ahead_again():
+    got: queue.Queue[int] = queue.Queue()
+    slow, fast = 100, 30_000
+
+    def gen() -> Iterator[int]:
+        yield from _feedback(slow, got)
+        yield from range(slow, slow + fast)
+
+    with Pool(2) as p:
+        assert len(p.map(pd.square, range(20_000))) == 20_000  # learn that items are cheap
+        out: list[int] = []
+        for y in p.imap_unordered(pd.same, gen()):
+            out.append(y)
+            if y < slow:
+                got.put(y)
+        assert sorted(out) == list(range(slow + fast))
+        # Without the hand-back every item would be read by the caller, one per round trip.
+        assert p.stats.direct_items < fast // 2
+        assert p.stats.batches < fast // 2
+
+
+def test_submit_and_other_callers_interleave_with_a_direct_loop():
+    got: queue.Queue[int] = queue.Queue()
+    errors: list[BaseException] = []
+    callback_threads: list[str] = []
+
+    def other_caller() -> None:
+        try:
+            for k in range(40):
+                fut = p.submit(pd.square, k)
+                fut.add_done_callback(
+                    lambda _f: callback_threads.append(threading.current_thread().name)
+                )
+                assert fut.result(timeout=60) == k * k
+                assert p.map(pd.square, range(k)) == [x * x for x in range(k)]
+        except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+            errors.append(e)
+
+    with Pool(2) as p:
+        t = threading.Thread(target=other_caller)
+        t.start()
+        out = []
+        for y in p.imap(pd.same, _feedback(N, got)):
+            out.append(y)
+            if y % 50 == 7:  # a task from inside the loop, waited on there
+                assert p.submit(pd.square, y).result(timeout=60) == y * y
+            got.put(y)
+        t.join(120)
+        assert not t.is_alive() and errors == []
+        # A task's result that a caller received in its round trip is routed by the service
+        # thread: callbacks run where they always do (or in the submitting thread, if done).
+        assert set(callback_threads) <= {"easycore-pool", t.name}
+        assert out == list(range(N))
+        assert p.stats.direct_items > 0
+
+
+def test_two_feedback_loops_from_two_threads():
+    results: dict[int, list[int]] = {}
+
+    def run(k: int) -> None:
+        got: queue.Queue[int] = queue.Queue()
+        out: list[int] = []
+        _loop(p.imap_unordered(pd.same, _feedback(N, got)), got, out)
+        results[k] = out
+
+    with Pool(2) as p:
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(150)
+        assert sorted(results) == [0, 1]
+        assert all(sorted(v) == list(range(N)) for v in results.values())
+
+
+def test_abandoning_and_input_errors_on_the_direct_path():
+    got: queue.Queue[int] = queue.Queue()
+
+    def bad() -> Iterator[int]:
+        yield from _feedback(100, got)
+        raise pd.CustomError("input broke")
+
+    with Pool(1) as p:
+        out: list[int] = []
+        _loop(p.imap_unordered(pd.same, _feedback(N, got)), got, out, stop=200)  # break
+        assert len(out) == 200
+        assert p.stats.direct_items > 0
+        got = queue.Queue()
+        out = []
+        with pytest.raises(pd.CustomError, match="input broke"):
+            _loop(p.imap(pd.same, bad()), got, out)
+        assert out == list(range(100))
+        got = queue.Queue()
+        out = []
+        _loop(p.imap(pd.same, _feedback(50, got)), got, out)  # the pool stays usable
+        assert out == list(range(50))
+        assert p.map(pd.square, range(100)) == [x * x for x in range(100)]
+
+
+def test_close_reads_a_direct_input_to_its_end():
+    """close() + join() while a call's caller holds its input and stopped consuming: the
+    feed takes the input back and reads it to its end, as the stdlib's pools do."""
+    got: queue.Queue[int] = queue.Queue()
+    slow = 60
+
+    def gen() -> Iterator[int]:
+        yield from _feedback(slow, got)
+        yield from range(slow, slow + 40)
+
+    p = Pool(2)
+    it = p.imap(pd.same, gen())
+    out = []
+    for y in it:
+        out.append(y)
+        if y == slow - 1:
+            break  # (the iterator stays open)
+        got.put(y)
+    assert p.stats.direct_items > 0
+    got.put(slow - 1)
+    p.close()
+    p.join(60)
+    out += list(it)
+    assert out == list(range(slow + 40))
+
+
+def test_maxtasksperchild_keeps_to_the_feed():
+    got: queue.Queue[int] = queue.Queue()
+    with Pool(2, maxtasksperchild=50) as p:
+        out: list[int] = []
+        _loop(p.imap(pd.who, _feedback(N, got)), got, out)
+        assert len(out) == N
+        assert len(set(out)) >= N // 100  # workers were replaced
+        assert p.stats.direct_items == 0
+
+
+def test_a_worker_killed_between_two_round_trips_fails_nothing():
+    """A worker killed while nothing is on its way held nothing: the loop goes on (the
+    workers restart before its next item is sent), as for a pool that idles."""
+    got: queue.Queue[int] = queue.Queue()
+    with Pool(1) as p:
+        out: list[int] = []
+        kills = 0
+        for y in p.imap(pd.same, _feedback(N, got)):
+            out.append(y)
+            # Only while the caller holds its input (between the feed's probes, the feed
+            # is inside the input, waiting for the next item: work on its way).
+            if y >= 150 * (kills + 1) and p._stream.scheduler.any_direct():
+                victim = p._stream.runner._workers.procs[0]
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.join(30)
+                kills += 1
+            got.put(y)
+        assert out == list(range(N))
+        assert kills == 2
+
+
+def test_ctrl_c_while_the_caller_receives_leaves_no_orphans_or_shared_memory():
+    """Ctrl-C reaches a caller while it advances the stream itself (its item is on its way):
+    KeyboardInterrupt, the workers stopped, no shared memory left behind."""
+    import time
+
+    from ctrl_c import ctrl_c_after
+
+    out = ctrl_c_after(
+        """
+        import os, queue, time
+        from easycore.parallel import Pool
+
+        def slow_from_100(x):
+            if x >= 100:
+                time.sleep(600)
+            return x
+
+        if __name__ == "__main__":
+            p = Pool(1, start_method="fork", close_timeout=300)
+            print("pids", *[w.pid for w in p._stream.runner._workers.procs], flush=True)
+            print("me", os.getpid(), flush=True)
+            got = queue.Queue()
+
+            def gen():
+                for i in range(1000):
+                    if i:
+                        got.get(timeout=60)
+                    yield i
+
+            try:
+                for y in p.imap(slow_from_100, gen()):
+                    if y == 99:
+                        print("direct", p.stats.direct_items > 0, flush=True)
+                        print("started", flush=True)
+                    got.put(y)
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+        """,
+        after="started",
+        limit=60,
+    )
+    assert "direct True" in out
+    assert "interrupted" in out
+    pids = [int(x) for x in out.split("pids", 1)[1].split("\n", 1)[0].split()]
+    me = out.split("me ", 1)[1].split()[0]
+    deadline = time.monotonic() + 10
+    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert all(_gone(pid) for pid in pids)
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"ec.{me}-")]
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
