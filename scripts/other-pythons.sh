@@ -40,8 +40,8 @@ if [ "${#pythons[@]}" -eq 0 ]; then
     exit 0
 fi
 
-suites=(tests/test_pool.py tests/test_pool_dropin.py tests/test_pool_queue.py tests/test_queue.py
-        tests/test_runner.py tests/test_stdlib_conformance.py)
+suites=(tests/test_pool.py tests/test_pool_dropin.py tests/test_pool_forks.py tests/test_pool_queue.py
+        tests/test_queue.py tests/test_runner.py tests/test_stdlib_conformance.py)
 for py in "${pythons[@]}"; do
     version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     venv="$root/.venv-py$version"

@@ -12,7 +12,10 @@ other way round:
   the pool fails only the culprit's own call);
 * in each producer, when a batch's results do not pickle: :attr:`Extension.fix_unsendable`
   (a module-level function, sent to the producers by reference) replaces the culprits by
-  error reports, so that one bad result fails only its own call.
+  error reports, so that one bad result fails only its own call;
+* when local producers start under fork: :attr:`Extension.fork_from_zygote` has them forked
+  by a zygote made at the first start (``zygote.py``), for a runner that restarts them while
+  threads of its own run (the pool).
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ class Extension:
 
     #: run in each producer on a batch whose results do not pickle (None: the call fails)
     fix_unsendable: Fixer | None = None
+    #: under fork, producers come from a zygote forked at the first start (``zygote.py``)
+    fork_from_zygote: bool = False
 
     def producer_setup(self, base: Setup, seed: int) -> Setup:
         """The ``setup(device)`` run first in each producer, given the flavour's ``base``

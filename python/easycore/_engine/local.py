@@ -6,6 +6,8 @@ explained here: a runner class or cfg that spawn cannot send, a main script with
 
 from __future__ import annotations
 
+import functools
+import mmap
 import multiprocessing
 import os
 import pickle
@@ -15,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from easycore._core import Queue, shm_space, sweep_stale_segments
+from easycore._core import Queue, identity, shm_space, sweep_stale_segments
 from easycore._engine import producer as _producer
 from easycore._engine import wire
 from easycore._engine.extension import Fixer
@@ -24,6 +26,7 @@ from easycore._engine.lifecycle import TICK
 from easycore._engine.process_main import producer_main
 from easycore._engine.reports import worker_error
 from easycore._engine.transport import LocalWorkers
+from easycore._engine.zygote import Zygote
 from easycore.errors import (
     EasycoreError,
     QueueEmpty,
@@ -81,6 +84,8 @@ class ProducerStart:
             index (see ``producer.seed_for_item``).
         init_timeout: most seconds the producers may take to start and run
             ``producer_init`` (None: 600).
+        zygote: under fork, the process that forks the producers (see ``zygote.py``;
+            made by :func:`make_zygote`), or None: this process forks them.
     """
 
     hooks: Any
@@ -96,6 +101,7 @@ class ProducerStart:
     fix_unsendable: Fixer | None = None
     seed_per_item: bool = False
     init_timeout: float | None = None
+    zygote: Zygote | None = None
 
     def spawn_hint(self) -> str:
         """What the start method is, and why, for errors."""
@@ -180,29 +186,44 @@ def start_local(start: ProducerStart) -> LocalWorkers:
         side_budget=out_bytes,
     )
     ctx = start.flavour.start_context(start.start_method)
-    state = ctx.RawArray("q", _producer.state_size(n))
+    zygote = start.zygote if start.zygote is not None and start.zygote.alive else None
+    state_fd = -1
+    if zygote is not None:  # shared with producers that are not this process's children
+        state_fd = os.memfd_create("easycore-state")
+        os.ftruncate(state_fd, 8 * _producer.state_size(n))
+        state: Any = memoryview(mmap.mmap(state_fd, 8 * _producer.state_size(n))).cast("q")
+    else:
+        state = ctx.RawArray("q", _producer.state_size(n))
     for i in range(n):
         state[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
     procs: list[Any] = []
     workers = LocalWorkers(procs, list(start.devices), in_q, out_q, state, out_bytes)
     try:
         for i, dev in enumerate(start.devices):
-            opts = {
-                "n": n,
-                "seed": start.seed,
-                "seed_per_item": start.seed_per_item,
-                "start_method": start.start_method,
-                "state": state,
-                "codec": start.flavour.codec(),
-                "fix_unsendable": start.fix_unsendable,
-            }
+            name = f"easycore-producer-{i}-{dev}"
+            workers.start_s[i] = time.perf_counter()  # until ready: see _await_ready
+            if zygote is not None:
+                blob = pickle.dumps((i, in_q, out_q, os.getpid(), n))
+                forked = zygote.fork(name, blob, [state_fd])
+                if forked is not None:
+                    procs.append(forked)
+                    continue
             p = ctx.Process(
                 target=producer_main,
-                args=(start.hooks, i, dev, start.cfg, in_q, out_q, os.getpid(), start.setup, opts),
-                name=f"easycore-producer-{i}-{dev}",
+                args=(
+                    start.hooks,
+                    i,
+                    dev,
+                    start.cfg,
+                    in_q,
+                    out_q,
+                    os.getpid(),
+                    start.setup,
+                    _producer_options(start, n, state),
+                ),
+                name=name,
                 daemon=False,
             )
-            workers.start_s[i] = time.perf_counter()  # until ready: see _await_ready
             try:
                 p.start()
             except (pickle.PicklingError, AttributeError, TypeError) as e:
@@ -215,10 +236,56 @@ def start_local(start: ProducerStart) -> LocalWorkers:
     except BaseException:
         workers.shutdown(timeout=2.0, interrupt=True)
         raise
+    finally:
+        if state_fd >= 0:
+            os.close(state_fd)  # each producer mapped its own
     # Every producer has attached: the names can go, so nothing leaks even on SIGKILL.
     in_q.unlink()
     out_q.unlink()
     return workers
+
+
+def _producer_options(start: ProducerStart, n: int, state: Any) -> dict[str, Any]:
+    """``producer_main``'s options for one of ``start``'s ``n`` producers."""
+    return {
+        "n": n,
+        "seed": start.seed,
+        "seed_per_item": start.seed_per_item,
+        "start_method": start.start_method,
+        "state": state,
+        "codec": start.flavour.codec(),
+        "fix_unsendable": start.fix_unsendable,
+    }
+
+
+def make_zygote(start: ProducerStart) -> Zygote | None:
+    """A zygote that forks ``start``'s producers, for starts under fork (None for other start
+    methods, or where the shared state cannot be passed to it: no ``memfd_create``). Call it
+    while this process runs one thread: the zygote is a fork of it as it is now, and so is
+    every producer it forks later."""
+    if start.start_method != "fork" or not hasattr(os, "memfd_create"):
+        return None
+    return Zygote(functools.partial(_zygote_producer, start), identity())
+
+
+def _zygote_producer(start: ProducerStart, blob: bytes, fds: list[int]) -> None:
+    """A producer forked by the zygote: attaches to the queues and the shared state it was
+    sent, then runs as any forked producer (``start`` is the zygote's copy: the caller's
+    as it was when the zygote was made)."""
+    i, in_q, out_q, parent_pid, n = pickle.loads(blob)  # the queues attach by name
+    state = memoryview(mmap.mmap(fds[-1], 8 * _producer.state_size(n))).cast("q")
+    os.close(fds[-1])
+    producer_main(
+        start.hooks,
+        i,
+        start.devices[i],
+        start.cfg,
+        in_q,
+        out_q,
+        parent_pid,
+        start.setup,
+        _producer_options(start, n, state),
+    )
 
 
 def _await_ready(start: ProducerStart, workers: LocalWorkers) -> None:

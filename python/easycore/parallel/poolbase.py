@@ -75,7 +75,7 @@ def _finalize_pool(
             )
     scheduler.notify()  # the service thread finds its pool gone and ends
     try:
-        service.stop_workers(interrupt=True)
+        service.stop_workers(interrupt=True, for_good=True)
     except BaseException:  # noqa: BLE001, S110 - nothing to report to: the pool is gone
         pass
 

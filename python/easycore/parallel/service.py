@@ -23,6 +23,7 @@ from typing import Any
 from easycore._engine.lifecycle import TICK
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
+from easycore._engine.zygote import await_gone
 from easycore.errors import PoolClosedError, RunnerClosedError, SerializationError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
 from easycore.parallel.hardstop import StuckWatch, kill_doomed, watch
@@ -162,6 +163,8 @@ class StreamService:
             return True
         if threading.current_thread() is not thread:
             thread.join(timeout)
+            if not thread.is_alive():  # gone from the OS too, with its watch: a fork may follow
+                await_gone([thread] + ([self.watch.thread] if self.watch is not None else []))
         return not thread.is_alive()
 
     def abort(self) -> None:
@@ -172,11 +175,15 @@ class StreamService:
             call.attention.set()
         self.input_coming()  # a parked service thread takes the stream back
 
-    def stop_workers(self, interrupt: bool) -> None:
+    def stop_workers(self, interrupt: bool, for_good: bool = False) -> None:
         """Stops the workers (interrupting busy ones with ``interrupt``); the next stream
-        starts new ones."""
+        starts new ones, unless ``for_good`` (the pool's end: their zygote stops too)."""
         kill_doomed(self.doomed)
-        self.runner.stop_producers(interrupt)
+        try:
+            self.runner.stop_producers(interrupt)
+        finally:
+            if for_good:
+                self.runner.release_zygote()
 
     # ----- the stream (service thread) -----
 
@@ -338,7 +345,7 @@ class StreamService:
         self.scheduler.begin_stream(None)
         terminated = self.scheduler.terminated
         try:
-            self.stop_workers(interrupt=terminated)
+            self.stop_workers(interrupt=terminated, for_good=True)
         except BaseException as e:  # noqa: BLE001 - producer_end's error, for join()
             self.end_error = e
         # After a close, a job whose input was all read got every result (the stream

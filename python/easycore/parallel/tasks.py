@@ -307,6 +307,9 @@ class PoolExtension(Extension):
         self.worker_exit = worker_exit
         self.task_timeout = task_timeout
         self.fix_unsendable = _fix_unsendable
+        # The pool restarts its workers (a death, maxtasksperchild) while its threads run:
+        # under fork they come from a zygote made with the first ones.
+        self.fork_from_zygote = True
 
     def producer_setup(self, base: Setup, seed: int) -> _Setup:
         """The flavour's set-up, then the pool's (see :class:`_Setup`)."""
@@ -389,6 +392,11 @@ class TaskHooks(engine.BaseRunner):
         """Stops the producers at once (interrupting busy ones with ``interrupt``); the
         runner stays usable: its next call starts new ones."""
         self._shutdown(interrupt=interrupt)
+
+    def release_zygote(self) -> None:
+        """No producer will start again (the pool's end): stops the zygote that forks them
+        under fork, if any."""
+        self._close_zygote()
 
     @property
     def stuck_slots(self) -> Any:

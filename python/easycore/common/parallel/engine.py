@@ -20,6 +20,7 @@ A dead producer, Ctrl-C, a call's timeout or SIGTERM close the runner: producers
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 import threading
@@ -36,12 +37,13 @@ from easycore._engine.extension import NO_EXTENSION, Extension
 from easycore._engine.flavour import PLAIN, Flavour
 from easycore._engine.host import CallGate, Learned, StreamHost, StreamSettings
 from easycore._engine.lifecycle import Stage
-from easycore._engine.local import ProducerStart, start_local
+from easycore._engine.local import ProducerStart, make_zygote, start_local
 from easycore._engine.reports import worker_error
 from easycore._engine.sigterm import install_handler
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
 from easycore._engine.transport import Transport
+from easycore._engine.zygote import Zygote
 from easycore.common.parallel.devices import (
     choose_start_method,
     parse_devices,
@@ -210,6 +212,8 @@ class BaseRunner(RunnerHooks):
         self._init_timeout = init_timeout
         self._close_timeout = close_timeout
         self._workers: Transport | None = None
+        self._zygote: Zygote | None = None
+        self._zygote_made = False  # made once: one that died is not made again
         self._finalizer: weakref.finalize[Any, Any] | None = None
         self._calls = itertools.count(1)
         self._learned = Learned()  # producer seconds and result bytes per item
@@ -318,9 +322,31 @@ class BaseRunner(RunnerHooks):
             if self._remote is not None:  # producers elsewhere: the same calls on its workers
                 workers: Transport = self._remote.start(start)
             else:
-                workers = start_local(start)
+                workers = self._start_local(start)
             self._workers = workers
             self._finalizer = self._finalize_with(workers)
+
+    def _start_local(self, start: ProducerStart) -> Transport:
+        """Starts local producers: forked by the zygote where the extension asks for one
+        (made at the first start, under fork: see ``_engine/zygote.py``)."""
+        first = self._extension.fork_from_zygote and not self._zygote_made
+        if first:
+            self._zygote_made = True
+            self._zygote = make_zygote(start)
+            if self._zygote is not None:
+                weakref.finalize(self, self._zygote.close).atexit = False
+        try:
+            return start_local(dataclasses.replace(start, zygote=self._zygote))
+        except BaseException:
+            if first:  # the constructor fails: nobody will restart the producers
+                self._close_zygote()
+            raise
+
+    def _close_zygote(self) -> None:
+        """Stops the zygote, if any: no producer will be started again."""
+        zygote, self._zygote = self._zygote, None
+        if zygote is not None:
+            zygote.close()
 
     def _finalize_with(self, workers: Transport) -> weakref.finalize[Any, Any]:
         """Registers the runner as live (stopped at exit, in order: ``lifecycle``) and
