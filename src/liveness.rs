@@ -447,6 +447,33 @@ fn forget_hold(fd: libc::c_int) {
     }
 }
 
+/// For a process just forked that uses none of its parent's queues (a zygote that only
+/// forks producers, which attach by name): lets go of every queue hold it inherited, so that
+/// its life does not keep its parent's queues held after their last real party left (their
+/// names then stayed until the next sweep). Each descriptor is replaced by `/dev/null` rather
+/// than closed: the queue handles that own them (copies in this process's memory) may still
+/// be dropped here, and must then close a descriptor of their own, not one reused since.
+/// Returns how many holds were let go.
+pub fn drop_inherited_holds() -> usize {
+    // SAFETY: a valid C string; the descriptor is ours and closed below.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if null < 0 {
+        return 0;
+    }
+    let mut n = 0;
+    for f in &HOLD_FDS {
+        let fd = f.load(Ordering::Acquire);
+        // SAFETY: `fd` is a live QueueToken's descriptor (registered while it is open); dup2
+        // swaps what it refers to atomically and keeps the number the token owns.
+        if fd >= 0 && unsafe { libc::dup2(null, fd) } == fd {
+            n += 1;
+        }
+    }
+    // SAFETY: `null` was opened above and is not used after.
+    unsafe { libc::close(null) };
+    n
+}
+
 /// Closes every queue-token descriptor this process holds and returns their tags. Only for a
 /// process that ends right after (a watchdog before `_exit`): the queue handles that own the
 /// descriptors must never run again. The caller then removes the names of the queues nobody

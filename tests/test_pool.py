@@ -845,3 +845,23 @@ def test_a_pool_of_a_hundred_processes_maps():
     # A queue refused its 65th process, so Pool(64) and larger failed.
     with Pool(100, start_method="fork", queue_scale=0.25) as p:
         assert p.map(pd.square, range(300), chunksize=1) == [x * x for x in range(300)]
+
+
+@pytest.mark.timeout(120)
+def test_a_queue_let_go_while_a_fork_pool_runs_leaves_no_names():
+    # The pool's zygote is a fork of the caller: it inherited the caller's hold on every
+    # queue open then, and so did every worker it forked, so a queue the caller closed and
+    # dropped while the pool ran stayed held, and its names stayed once the pool ended.
+    import gc
+
+    from easycore._core import Queue as CoreQueue
+
+    q = CoreQueue(capacity_bytes=1 << 16)
+    token = f"/dev/shm/ec.{q.name.lstrip('/').split('.')[1]}.live"
+    assert os.path.exists(token)
+    with Pool(2, start_method="fork") as p:
+        assert p.map(pd.square, range(10)) == [x * x for x in range(10)]
+        q.close()
+        del q
+        gc.collect()
+        assert not os.path.exists(token), "the pool's processes still hold the queue"

@@ -60,6 +60,13 @@ fn sweep_dead_pids(py: Python<'_>, pids: Vec<u32>) -> usize {
     detach::detach(py, move || crate::shm::sweep_pids(&pids))
 }
 
+/// In a process just forked that uses none of its parent's queues: lets go of the queue
+/// holds it inherited (see the zygote). Returns how many.
+#[pyfunction]
+fn drop_inherited_holds() -> usize {
+    crate::liveness::drop_inherited_holds()
+}
+
 /// `(free_bytes, total_bytes)` of /dev/shm, or None where it cannot be asked.
 #[pyfunction]
 fn shm_space() -> Option<(u64, u64)> {
@@ -138,6 +145,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sweep_stale_segments, m)?)?;
     m.add_function(wrap_pyfunction!(sweep_dead_pids, m)?)?;
     m.add_function(wrap_pyfunction!(shm_space, m)?)?;
+    m.add_function(wrap_pyfunction!(drop_inherited_holds, m)?)?;
     m.add_function(wrap_pyfunction!(owner_alive, m)?)?;
     m.add_function(wrap_pyfunction!(identity, m)?)?;
     m.add_function(wrap_pyfunction!(exit_when_dead, m)?)?;

@@ -44,7 +44,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from easycore._core import owner_alive
+from easycore._core import drop_inherited_holds, owner_alive
 
 _OWNER_CHECK_S = 0.5  # seconds between the zygote's looks at its caller's liveness token
 _REPLY_S = 60.0  # most seconds the caller waits for the zygote to answer a fork request
@@ -163,8 +163,12 @@ class ZygoteChild:
         return self.exitcode is None
 
     def join(self, timeout: float | None = None) -> None:
-        """Waits at most ``timeout`` seconds for it to exit."""
-        self._exited(timeout)
+        """Waits at most ``timeout`` seconds for it to exit, and then for the zygote to have
+        reaped it: the sentinel closes while the child's other descriptors may still be
+        open (its holds on the queues' tokens among them), and a caller that lets go of a
+        queue right after a join must find itself the last to hold it."""
+        if self._exited(timeout):
+            self.exitcode  # noqa: B018 - waits for the zygote's report of the reaped child
 
     def _signal(self, signum: int) -> None:
         if self.exitcode is None:
@@ -212,6 +216,9 @@ class Zygote:
             code = 1
             try:
                 mine.close()  # neither the zygote nor its children hold the caller's end
+                # Nor the caller's queues: the producers attach to theirs by name, and a
+                # queue the caller lets go of must not stay held by the zygote's family.
+                drop_inherited_holds()
                 _zygote_main(theirs, owner, target)
             finally:
                 os._exit(code)
