@@ -453,19 +453,23 @@ fn forget_hold(fd: libc::c_int) {
 /// names then stayed until the next sweep). Each descriptor is replaced by `/dev/null` rather
 /// than closed: the queue handles that own them (copies in this process's memory) may still
 /// be dropped here, and must then close a descriptor of their own, not one reused since.
-/// Returns how many holds were let go.
-pub fn drop_inherited_holds() -> usize {
+/// Holds on the queues in `keep` (the process's own, inherited on purpose) stay. Returns how
+/// many holds were let go.
+pub fn drop_inherited_holds(keep: &[QueueTag]) -> usize {
     // SAFETY: a valid C string; the descriptor is ours and closed below.
     let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     if null < 0 {
         return 0;
     }
     let mut n = 0;
-    for f in &HOLD_FDS {
+    for (f, t) in HOLD_FDS.iter().zip(&HOLD_TAGS) {
         let fd = f.load(Ordering::Acquire);
+        if fd < 0 || keep.contains(&QueueTag(t.load(Ordering::Relaxed))) {
+            continue;
+        }
         // SAFETY: `fd` is a live QueueToken's descriptor (registered while it is open); dup2
         // swaps what it refers to atomically and keeps the number the token owns.
-        if fd >= 0 && unsafe { libc::dup2(null, fd) } == fd {
+        if unsafe { libc::dup2(null, fd) } == fd {
             n += 1;
         }
     }

@@ -553,3 +553,22 @@ def test_a_batch_of_few_items_barely_moves_the_learned_cost():
     # A full batch still teaches at the full rate.
     Call._learn(call, 0, 6e-6 + 2048 * 1e-6, 0.0, 2048)
     assert 0.4e-6 < learned.cost_per_item < 0.5e-6
+
+
+@pytest.mark.timeout(120)
+def test_a_queue_let_go_while_fork_producers_run_leaves_no_names():
+    # Producers forked by a runner inherited the caller's hold on every queue open then: a
+    # queue the caller closed and dropped while they ran stayed held, its names left behind.
+    import gc
+
+    from easycore._core import Queue as CoreQueue
+
+    q = CoreQueue(capacity_bytes=1 << 16)
+    token = f"/dev/shm/ec.{q.name.lstrip('/').split('.')[1]}.live"
+    with rd.SumSquares(devices=2, start_method="fork") as r:
+        assert r(range(10)) == sum(x * x for x in range(10))
+        q.close()
+        del q
+        gc.collect()
+        assert not os.path.exists(token), "the producers still hold the queue"
+        assert r(range(10)) == sum(x * x for x in range(10))

@@ -60,11 +60,22 @@ fn sweep_dead_pids(py: Python<'_>, pids: Vec<u32>) -> usize {
     detach::detach(py, move || crate::shm::sweep_pids(&pids))
 }
 
-/// In a process just forked that uses none of its parent's queues: lets go of the queue
-/// holds it inherited (see the zygote). Returns how many.
+/// In a process just forked: lets go of the queue holds it inherited, except those of the
+/// queues named in `keep` (its own). Returns how many were let go.
 #[pyfunction]
-fn drop_inherited_holds() -> usize {
-    crate::liveness::drop_inherited_holds()
+#[pyo3(signature = (keep=Vec::new()))]
+fn drop_inherited_holds(keep: Vec<String>) -> PyResult<usize> {
+    let mut tags = Vec::with_capacity(keep.len());
+    for name in &keep {
+        let tag = name
+            .trim_start_matches('/')
+            .split('.')
+            .nth(1)
+            .and_then(crate::liveness::QueueTag::from_tag)
+            .ok_or_else(|| errors::invalid(&format!("not a queue's name: {name:?}")))?;
+        tags.push(tag);
+    }
+    Ok(crate::liveness::drop_inherited_holds(&tags))
 }
 
 /// `(free_bytes, total_bytes)` of /dev/shm, or None where it cannot be asked.

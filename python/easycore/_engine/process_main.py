@@ -24,7 +24,7 @@ import signal
 import sys
 from typing import Any
 
-from easycore._core import Queue, exit_when_dead, owner_alive, retire_identity
+from easycore._core import Queue, drop_inherited_holds, exit_when_dead, owner_alive, retire_identity
 from easycore._engine import leases, wire
 from easycore._engine.producer import (
     Interrupted,
@@ -128,6 +128,10 @@ def producer_main(
     ignore_signal(INTERRUPT_SIGNAL)
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the caller's handler came with fork
+    if opts.get("start_method") == "fork":
+        # A fork holds every queue the caller held: let go of all but this producer's own,
+        # or a queue the caller drops while this producer runs keeps its names after it.
+        drop_inherited_holds([in_q.name, out_q.name])
     owner = in_q.owner  # the caller: it created the queues
     if owner is not None:
         # Returns at once; if the caller dies, removes its names and ends this process.

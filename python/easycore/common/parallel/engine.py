@@ -330,17 +330,30 @@ class BaseRunner(RunnerHooks):
         """Starts local producers: forked by the zygote where the extension asks for one
         (made at the first start, under fork: see ``_engine/zygote.py``)."""
         first = self._extension.fork_from_zygote and not self._zygote_made
+        if first and threading.active_count() == 1:
+            # One thread: the first producers are forked here (no round trip to a zygote),
+            # and the zygote right after, as they saw this process, forks their replacements.
+            workers = start_local(start)
+            try:
+                self._make_zygote(start)
+            except BaseException:
+                workers.shutdown(timeout=2.0, interrupt=True)
+                raise
+            return workers
         if first:
-            self._zygote_made = True
-            self._zygote = make_zygote(start)
-            if self._zygote is not None:
-                weakref.finalize(self, self._zygote.close).atexit = False
+            self._make_zygote(start)
         try:
             return start_local(dataclasses.replace(start, zygote=self._zygote))
         except BaseException:
             if first:  # the constructor fails: nobody will restart the producers
                 self._close_zygote()
             raise
+
+    def _make_zygote(self, start: ProducerStart) -> None:
+        self._zygote_made = True
+        self._zygote = make_zygote(start)
+        if self._zygote is not None:
+            weakref.finalize(self, self._zygote.close).atexit = False
 
     def _close_zygote(self) -> None:
         """Stops the zygote, if any: no producer will be started again."""
