@@ -136,6 +136,19 @@ def await_gone(threads: list[threading.Thread], timeout: float = 1.0) -> None:
             time.sleep(0.001)
 
 
+def _await_exit(pid: int, timeout: float) -> None:
+    """Waits at most ``timeout`` seconds for child ``pid`` to exit (without reaping it), woken
+    by the kernel where a pidfd can be had; else returns at once (the caller polls)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return
+    try:
+        multiprocessing.connection.wait([fd], timeout)
+    finally:
+        os.close(fd)
+
+
 class ZygoteChild:
     """A process forked by a zygote, as the engine sees a ``multiprocessing.Process``."""
 
@@ -328,8 +341,9 @@ class Zygote:
                     pass
             self._sock.close()
             deadline = time.monotonic() + timeout
+            _await_exit(self.pid, timeout)
             while not self._reaped() and time.monotonic() < deadline:
-                time.sleep(0.005)
+                time.sleep(0.001)
             if not self._reaped():
                 os.kill(self.pid, signal.SIGKILL)
                 self._reaped(block=True)
