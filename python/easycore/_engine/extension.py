@@ -15,7 +15,10 @@ other way round:
   error reports, so that one bad result fails only its own call;
 * when local producers start under fork: :attr:`Extension.fork_from_zygote` has them forked
   by a zygote made at the first start (``zygote.py``), for a runner that restarts them while
-  threads of its own run (the pool).
+  threads of its own run (the pool);
+* when local producers start: :attr:`Extension.max_tasks` has each retire after that many
+  work messages, replaced in the running stream (``retire.py``; the pool's
+  ``maxtasksperchild``).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ class Extension:
     fix_unsendable: Fixer | None = None
     #: under fork, producers come from a zygote forked at the first start (``zygote.py``)
     fork_from_zygote: bool = False
+    #: each local producer retires after this many work messages and a new one takes its
+    #: place in the running stream (``retire.py``); 0: never
+    max_tasks: int = 0
 
     def producer_setup(self, base: Setup, seed: int) -> Setup:
         """The ``setup(device)`` run first in each producer, given the flavour's ``base``

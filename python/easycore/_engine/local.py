@@ -86,6 +86,8 @@ class ProducerStart:
             ``producer_init`` (None: 600).
         zygote: under fork, the process that forks the producers (see ``zygote.py``;
             made by :func:`make_zygote`), or None: this process forks them.
+        max_tasks: each producer retires after this many work messages, and a new one takes
+            its place in the running stream (``retire.py``); 0: no bound.
     """
 
     hooks: Any
@@ -102,6 +104,7 @@ class ProducerStart:
     seed_per_item: bool = False
     init_timeout: float | None = None
     zygote: Zygote | None = None
+    max_tasks: int = 0
 
     def spawn_hint(self) -> str:
         """What the start method is, and why, for errors."""
@@ -185,64 +188,124 @@ def start_local(start: ProducerStart) -> LocalWorkers:
         max_messages=max_msgs,
         side_budget=out_bytes,
     )
-    ctx = start.flavour.start_context(start.start_method)
     zygote = start.zygote if start.zygote is not None and start.zygote.alive else None
     state_fd = -1
-    if zygote is not None:  # shared with producers that are not this process's children
-        state_fd = os.memfd_create("easycore-state")
-        os.ftruncate(state_fd, 8 * _producer.state_size(n))
+    if zygote is not None or (start.max_tasks and start.start_method == "fork"):
+        # Shared with producers that are not this process's children: the zygote's, now
+        # or (replacements) later.
+        state_fd = _state_memfd(n)
+    if state_fd >= 0:
         state: Any = memoryview(mmap.mmap(state_fd, 8 * _producer.state_size(n))).cast("q")
     else:
-        state = ctx.RawArray("q", _producer.state_size(n))
+        state = start.flavour.start_context(start.start_method).RawArray(
+            "q", _producer.state_size(n)
+        )
     for i in range(n):
         state[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
     procs: list[Any] = []
     workers = LocalWorkers(procs, list(start.devices), in_q, out_q, state, out_bytes)
+    starter = Starter(start, in_q, out_q, state, state_fd, zygote)
     try:
-        for i, dev in enumerate(start.devices):
-            name = f"easycore-producer-{i}-{dev}"
+        for i in range(n):
             workers.start_s[i] = time.perf_counter()  # until ready: see _await_ready
-            if zygote is not None:
-                blob = pickle.dumps((i, in_q, out_q, os.getpid(), n))
-                forked = zygote.fork(name, blob, [state_fd])
-                if forked is not None:
-                    procs.append(forked)
-                    continue
-            p = ctx.Process(
-                target=producer_main,
-                args=(
-                    start.hooks,
-                    i,
-                    dev,
-                    start.cfg,
-                    in_q,
-                    out_q,
-                    os.getpid(),
-                    start.setup,
-                    _producer_options(start, n, state),
-                ),
-                name=name,
-                daemon=False,
-            )
-            try:
-                p.start()
-            except (pickle.PicklingError, AttributeError, TypeError) as e:
-                raise StartMethodError(
-                    f"producer {i} could not be started: its arguments cannot be "
-                    f"pickled ({type(e).__name__}: {e}). {start.spawn_hint()}"
-                ) from e
-            procs.append(p)
+            procs.append(starter.start(i))
         _await_ready(start, workers)
     except BaseException:
+        starter.close()
         workers.shutdown(timeout=2.0, interrupt=True)
         raise
-    finally:
-        if state_fd >= 0:
-            os.close(state_fd)  # each producer mapped its own
-    # Every producer has attached: the names can go, so nothing leaks even on SIGKILL.
-    in_q.unlink()
-    out_q.unlink()
+    if start.max_tasks:
+        # Producers retire and new ones join the running stream (retire.py): the queues keep
+        # their names until the stream ends, as their pooled segments and token do.
+        workers.replace_with(starter)
+    else:
+        starter.close()  # each producer mapped its own state
+        # Every producer has attached: the names can go, so nothing leaks even on SIGKILL.
+        in_q.unlink()
+        out_q.unlink()
     return workers
+
+
+def _state_memfd(n: int) -> int:
+    """A memfd sized for the shared state of ``n`` producers."""
+    fd = os.memfd_create("easycore-state")
+    try:
+        os.ftruncate(fd, 8 * _producer.state_size(n))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class Starter:
+    """Starts producer ``i`` of ``start`` (:meth:`start`): forked by the zygote if there is
+    one (and it forks), else by the start method's context; keeps what a producer started
+    later needs (the queues, the shared state and its memfd) until :meth:`close`. A
+    transport's replacements come from here too (``retire.py``)."""
+
+    def __init__(
+        self,
+        start: ProducerStart,
+        in_q: Queue,
+        out_q: Queue,
+        state: Any,
+        state_fd: int,
+        zygote: Zygote | None,
+    ) -> None:
+        self.start_ = start
+        self.in_q = in_q
+        self.out_q = out_q
+        self.state = state
+        self.state_fd = state_fd
+        self.zygote = zygote
+        self.ctx = start.flavour.start_context(start.start_method)
+
+    def adopt_zygote(self, zygote: Zygote | None) -> None:
+        """The zygote made after the first producers were forked (see the engine)."""
+        if self.zygote is None and zygote is not None and self.state_fd >= 0:
+            self.zygote = zygote
+
+    def start(self, i: int) -> Any:
+        """Starts producer ``i``; returns its process (a ``Process`` or ``ZygoteChild``)."""
+        start = self.start_
+        n = len(start.devices)
+        name = f"easycore-producer-{i}-{start.devices[i]}"
+        zygote = self.zygote
+        if zygote is not None and zygote.alive and self.state_fd >= 0:
+            blob = pickle.dumps((i, self.in_q, self.out_q, os.getpid(), n))
+            forked = zygote.fork(name, blob, [self.state_fd])
+            if forked is not None:
+                return forked
+        p = self.ctx.Process(
+            target=producer_main,
+            args=(
+                start.hooks,
+                i,
+                start.devices[i],
+                start.cfg,
+                self.in_q,
+                self.out_q,
+                os.getpid(),
+                start.setup,
+                _producer_options(start, n, self.state),
+            ),
+            name=name,
+            daemon=False,
+        )
+        try:
+            p.start()
+        except (pickle.PicklingError, AttributeError, TypeError) as e:
+            raise StartMethodError(
+                f"producer {i} could not be started: its arguments cannot be "
+                f"pickled ({type(e).__name__}: {e}). {start.spawn_hint()}"
+            ) from e
+        return p
+
+    def close(self) -> None:
+        """No producer starts from here any more: closes the state's memfd."""
+        fd, self.state_fd = self.state_fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def _producer_options(start: ProducerStart, n: int, state: Any) -> dict[str, Any]:
@@ -255,6 +318,7 @@ def _producer_options(start: ProducerStart, n: int, state: Any) -> dict[str, Any
         "state": state,
         "codec": start.flavour.codec(),
         "fix_unsendable": start.fix_unsendable,
+        "max_tasks": start.max_tasks,
     }
 
 

@@ -70,6 +70,24 @@ def _one_torch_thread() -> None:
             pass
 
 
+FAULT_ENV = "EASYCORE_TEST_FAULT"
+
+
+def fault(step: str) -> None:
+    """Fault injection for the tests of the hand-over (``_engine/retire.py``): with
+    ``EASYCORE_TEST_FAULT=<step>:<path>`` in the environment, the first producer that reaches
+    ``step`` and creates ``path`` (exclusively) is SIGKILLed there. Unset (always, outside
+    those tests): one dictionary look-up per step."""
+    spec = os.environ.get(FAULT_ENV)
+    if spec is None or not spec.startswith(step + ":"):
+        return
+    try:
+        os.close(os.open(spec[len(step) + 1 :], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    except OSError:
+        return  # another producer took it
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def _put(out_q: Queue, seq: int, kind: int, parts: list[Any], parent_alive: Any) -> bool:
     """Puts a message, giving up (False) if the caller disappears while the queue is full."""
     while True:
@@ -124,6 +142,7 @@ def producer_main(
             ``extension.Extension``).
     """
     opts = options or {}
+    fault("start")
     ignore_signal(signal.SIGINT)
     ignore_signal(INTERRUPT_SIGNAL)
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
@@ -163,14 +182,20 @@ def producer_main(
     if report is not None:
         _send(out_q, codec, index, wire.ERROR, report, alive)
         return
+    fault("ready")
     _put(out_q, index, wire.READY, [repr(core.init_s).encode()], alive)
+    fault("first_task")
 
     def on_interrupt(signum: int, frame: Any) -> None:
         if core.interrupted():
             raise Interrupted
 
     signal.signal(INTERRUPT_SIGNAL, on_interrupt)
+    max_tasks = int(opts.get("max_tasks", 0))  # 0: no bound
+    done = 0  # work messages taken (a pool's: one task each, see _engine/retire.py)
     while True:
+        if max_tasks and done >= max_tasks:
+            break  # retires: takes no more work
         try:
             seq, kind, parts = in_q.get(timeout=_PARENT_CHECK_S)
         except QueueEmpty:
@@ -186,6 +211,7 @@ def producer_main(
             break
         if msg_type != wire.WORK:
             continue
+        done += 1
         try:
             t, out, first = core.run(call, parts, in_q.wait_seconds + out_q.wait_seconds)
             del parts
@@ -208,7 +234,17 @@ def producer_main(
             continue  # the caller gave up on this call: drop the batch, wait for the next
 
     ignore_signal(INTERRUPT_SIGNAL)  # an interrupt for work already done may arrive now
-    _send(out_q, codec, index, wire.BYE, core.goodbye(), alive)
+    if max_tasks and done >= max_tasks:
+        # Every result of this producer was put: the caller may replace it from now on.
+        fault("retire_mark")
+        core.mark_retired(os.getpid())
+        fault("retire_end")
+        err, value = core.goodbye()
+        fault("retire_say")
+        _send(out_q, codec, index, wire.RETIRE, (err, value, os.getpid()), alive)
+        fault("retire_exit")
+    else:
+        _send(out_q, codec, index, wire.BYE, core.goodbye(), alive)
     if opts.get("start_method") == "fork":
         # A forked multiprocessing child leaves by os._exit, which skips the C atexit hook
         # that removes this process's liveness token (/dev/shm/ec.<pid>-<nonce>.live): every

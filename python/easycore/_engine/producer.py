@@ -25,11 +25,12 @@ from easycore._engine.reports import error_report, not_picklable_report
 
 # Layout of the shared state array of local producers: ``STATE_FIELDS`` int64 words per
 # producer, then one global word (``abort_below``). Per producer: the call and item being
-# worked on (ITEM -1: idle), when its batch started, and COUNT: 1 when ITEM is tracked item by
+# worked on (ITEM -1: idle), when its batch started, COUNT: 1 when ITEM is tracked item by
 # item, else the batch's size (ITEM is then its first item: large batches are only made of
-# cheap items, which are not worth a store each).
-STATE_FIELDS = 4
-CALL, ITEM, SINCE_NS, COUNT = 0, 1, 2, 3
+# cheap items, which are not worth a store each), and RETIRED: the pid of a producer that ran
+# its ``max_tasks`` and leaves (written after its last result was put; 0 otherwise).
+STATE_FIELDS = 5
+CALL, ITEM, SINCE_NS, COUNT, RETIRED = 0, 1, 2, 3, 4
 _TRACK_ITEMS = 8  # batches of at most this many items are tracked item by item
 
 
@@ -308,6 +309,12 @@ class ProducerCore:
                     report = not_picklable_report("producer_end", self.device, None, e, value)
                 value = None
         return report, value
+
+    def mark_retired(self, pid: int) -> None:
+        """Says in the shared state that this producer (``pid``) ran its ``max_tasks`` and
+        leaves: every result it made was put before (see ``transport.LocalWorkers``)."""
+        if self.state is not None:
+            self.state[self.me + RETIRED] = pid
 
     def interrupted(self) -> bool:
         """Whether the caller gave up on the call being run (local producers)."""

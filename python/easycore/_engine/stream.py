@@ -303,6 +303,9 @@ class Call:
         for seq, kind, parts in msgs:
             t, call = wire.unpack_kind(kind)
             if call != self.call:
+                if call == 0 and t != wire.WAKE:
+                    # A producer that retires, or its replacement (see retire.py).
+                    self.workers.control(seq, kind, parts)
                 continue  # a result, error or wake-up of an aborted earlier call
             if t == wire.ERROR:
                 raise worker_error(self.codec.loads(parts))
@@ -345,6 +348,8 @@ class Call:
         self.wait_seen[wi] = wait
         if prev is None:
             return  # the first report of a producer only sets its baseline
+        if busy < prev:  # a new producer in that place (retire.py): its figures start at 0
+            prev = prev_wait = 0.0
         delta = busy - prev
         self.stats.producer_busy_s[wi] += delta
         self.stats.producer_wait_s[wi] += wait - prev_wait

@@ -24,6 +24,8 @@ from easycore._engine import lifecycle, wire
 from easycore._engine import process_main as _worker
 from easycore._engine import producer as _producer
 from easycore._engine.lifecycle import INTERRUPT_GRACE_S, Stage
+from easycore._engine.reports import worker_error
+from easycore._engine.retire import Retirements, Starter
 from easycore.errors import (
     RUNNER_CLOSED,
     QueueClosed,
@@ -99,6 +101,14 @@ class Transport:
     def kill_now(self) -> None:
         """Kills every producer at once (second Ctrl-C, exit)."""
         raise NotImplementedError
+
+    def control(self, seq: int, kind: int, parts: list[Any]) -> None:
+        """A producer's message of no call (``wire.RETIRE``, ``wire.READY``, an ``ERROR`` of
+        a replacement's start) that a call received: see ``retire.py``. Ignored here."""
+
+    def adopt_zygote(self, zygote: Any) -> None:
+        """The zygote that forks this transport's replacement producers (``retire.py``), made
+        after its first producers started. Ignored here."""
 
     def stall_error(
         self, devices: Sequence[str], call: int, timeout: float, in_flight: int
@@ -196,24 +206,60 @@ class LocalWorkers(Transport):
         self.out_budget = out_budget
         self.receive = out_q.get_many  # type: ignore[method-assign]  # no frame
         self._exit_poll: select.poll | None = None  # on the sentinels of the first _polled
-        self._polled = 0
+        self._polled = (0, 0)
+        self.retire: Retirements | None = None  # producers that retire (retire.py)
+        self.start_errors: dict[int, dict[str, Any]] = {}  # a replacement's failed start
         lifecycle.register(Stage.PRODUCERS, self)
+
+    def replace_with(self, starter: Starter) -> None:
+        """Producers retire after their ``max_tasks`` and ``starter`` starts their
+        replacements (``retire.py``)."""
+        self.retire = Retirements(self.procs, self.view, starter, wire.Codec().loads)
+
+    def adopt_zygote(self, zygote: Any) -> None:
+        if self.retire is not None:
+            self.retire.starter.adopt_zygote(zygote)
+
+    def control(self, seq: int, kind: int, parts: list[Any]) -> None:
+        t = wire.unpack_kind(kind)[0]
+        retire = self.retire
+        if retire is None or seq < 0 or seq >= len(self.procs):
+            return
+        if t == wire.ERROR:  # a replacement's producer_init raised: it exits
+            self.start_errors[seq] = wire.Codec().loads(parts)
+        elif t == wire.READY:
+            self.init_s[seq] = float(bytes(parts[0]) or 0)
+        else:
+            retire.message(seq, t, parts)
+
+    @property
+    def replaced(self) -> int:
+        """int: producers that retired and were replaced while the stream ran."""
+        return 0 if self.retire is None else self.retire.replaced
 
     def exited(self) -> bool:
         """Whether a producer has exited: one poll(2) on their sentinels, which become
         readable when they exit (about 0.5 µs; :meth:`dead` asks each process twice, 3.5 µs
         for two)."""
-        if self._exit_poll is None or self._polled != len(self.procs):
+        retire = self.retire
+        key = (len(self.procs), 0 if retire is None else retire.changes)
+        if self._exit_poll is None or self._polled != key:
             poll = select.poll()
             for p in self.procs:
                 poll.register(p.sentinel, select.POLLIN)
-            self._exit_poll, self._polled = poll, len(self.procs)
-        return bool(self._exit_poll.poll(0))
+            self._exit_poll, self._polled = poll, key
+        if not self._exit_poll.poll(0):
+            return False
+        return retire is None or self.dead() is not None  # one that retired is replaced
 
     def dead(self) -> WorkerDiedError | None:
-        """An error describing the first producer that died, if any."""
+        """An error describing the first producer that died, if any (one that retired is
+        replaced here, if not yet: see ``retire.py``)."""
+        retire = self.retire
         for i, p in enumerate(self.procs):
             if p.exitcode is not None or not p.is_alive():
+                if retire is not None and retire.gone(i, p):
+                    continue
                 code = p.exitcode
                 how = (
                     f"killed by {_signal_name(-code)}"
@@ -221,6 +267,10 @@ class LocalWorkers(Transport):
                     else f"exited with code {code}"
                 )
                 hint = " (out of memory?)" if code == -signal.SIGKILL else ""
+                if i in self.start_errors:
+                    hint += f"; it failed to start: {worker_error(self.start_errors[i])}"
+                elif retire is not None and i in retire.start_failed:
+                    hint += f"; its replacement could not start: {retire.start_failed[i]}"
                 return WorkerDiedError.of(
                     f"producer {i} (device {self.devices[i]!r}, pid {p.pid}) died: {how}{hint}",
                     RUNNER_CLOSED,
@@ -269,19 +319,20 @@ class LocalWorkers(Transport):
         if not self.mine():
             return
         self.closed = True
-        for p in self.procs:
+        procs = list(self.procs) + ([] if self.retire is None else self.retire.stop())
+        for p in procs:
             if p.exitcode is None:
                 try:
                     p.kill()
                 except (OSError, AttributeError):
                     pass
         self._release()
-        for p in self.procs:
+        for p in procs:
             try:
                 p.join(2.0)
             except AssertionError:
                 pass
-        _forget_dead(self.procs)
+        _forget_dead(procs)
         lifecycle.discard(Stage.PRODUCERS, self)
 
     def _release(self) -> None:
@@ -293,8 +344,15 @@ class LocalWorkers(Transport):
 
     def _stop(self, timeout: float, interrupt: bool) -> None:
         codec = wire.Codec()
+        retire = self.retire
+        retired = [] if retire is None else retire.stop()
         self.drain_input()
-        alive = [p for p in self.procs if p.is_alive()]
+        alive = [
+            p
+            for i, p in enumerate(self.procs)
+            if p.is_alive() and (retire is None or not retire.retiring(i, p))
+        ]
+        alive_pids = {p.pid for p in alive}
         for _ in alive:
             try:
                 self.in_q.put(0, wire.STOP, [b""], timeout=1.0)
@@ -315,13 +373,29 @@ class LocalWorkers(Transport):
             except QueueClosed:
                 break
             for seq, kind, parts in msgs:
-                if wire.unpack_kind(kind)[0] == wire.BYE:
+                t = wire.unpack_kind(kind)[0]
+                if t == wire.BYE:
                     byes += 1
                     err, value = codec.loads(parts)
                     if err is not None:
                         self.end_errors.append(err)
                     self.exit_results[seq] = value
+                elif t == wire.RETIRE and retire is not None:
+                    # One that retired as the stream ended: it takes no STOP.
+                    err, value, pid = codec.loads(parts)
+                    retire.note_exit(seq, err, value)
+                    byes += pid in alive_pids
+        if retire is not None:
+            self.end_errors[:0] = retire.end_errors
+            for i, value in retire.exit_results.items():
+                self.exit_results.setdefault(i, value)  # the last producer's value wins
         self._release()
+        for p in retired:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(2.0)
+        _forget_dead(retired)
         for p in self.procs:
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():

@@ -26,6 +26,7 @@ READY = 5  #: no payload: producer_init returned
 BYE = 6  #: payload: (the error dict of producer_end or None, its return value)
 # 7: retired (an end-of-call marker); never reuse the number
 WAKE = 8  #: the caller's input reader -> its own receiving thread: new input is waiting
+RETIRE = 9  #: payload: (as BYE's, the producer's pid): it ran its ``max_tasks`` and leaves
 
 
 def pack_kind(msg_type: int, call: int) -> int:

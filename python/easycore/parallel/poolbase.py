@@ -140,6 +140,9 @@ class _PoolBase:
             init_timeout=init_timeout,
             task_timeout=task_timeout,
             worker_exit=None if worker_exit is None else portable(worker_exit, how),
+            # Local workers retire one by one, replaced in the running stream; a remote
+            # backend's are replaced together, by a new stream (set_bounds below).
+            max_tasks=0 if remote else maxtasksperchild or 0,
         )
         # What easycore.shm's runner= reads of a pool (``_engine/leases.runner_queue``: the
         # input queue whose arena a caller's arrays are leased from).
@@ -148,7 +151,9 @@ class _PoolBase:
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
         # is still cancellable (it is "running" once sent), yet every worker has a next one.
         self._schedule.set_bounds(
-            task_window=max(4, 2 * n), tasks_per_stream=(maxtasksperchild or 0) * n
+            task_window=max(4, 2 * n),
+            tasks_per_stream=(maxtasksperchild or 0) * n if remote else 0,
+            direct_ok=not maxtasksperchild,
         )
         self._stream.start(self)
         lifecycle.register(Stage.POOL, self)

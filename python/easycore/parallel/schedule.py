@@ -82,14 +82,18 @@ class Scheduler:
         self._terminated = False
         self._task_window = 4  # most submitted tasks sent ahead of the workers
         self._tasks_per_stream = 0
+        self._direct_ok = True
         self._stream: StreamProbe | None = None
 
-    def set_bounds(self, task_window: int, tasks_per_stream: int) -> None:
+    def set_bounds(self, task_window: int, tasks_per_stream: int, direct_ok: bool = True) -> None:
         """Before the first stream: at most ``task_window`` submitted tasks are sent ahead of
-        the workers, and a stream ends after ``tasks_per_stream`` tasks and items, for its
-        workers to be replaced (``maxtasksperchild`` × workers; 0: no bound)."""
+        the workers, a stream ends after ``tasks_per_stream`` tasks and items, for its
+        workers to be replaced (a remote backend's ``maxtasksperchild`` × workers; 0: no
+        bound), and a caller may read its call's input itself only with ``direct_ok``
+        (not with a ``maxtasksperchild``)."""
         self._task_window = task_window
         self._tasks_per_stream = tasks_per_stream
+        self._direct_ok = direct_ok and not tasks_per_stream
 
     def attach(self, stream: StreamProbe) -> None:
         """The stream that reads the work: the feed's questions go to it."""
@@ -119,9 +123,8 @@ class Scheduler:
 
     @property
     def direct_ok(self) -> bool:
-        """bool: a caller may read its call's input itself (no ``maxtasksperchild``: the
-        feed counts every item of a stream)."""
-        return not self._tasks_per_stream
+        """bool: a caller may read its call's input itself (no ``maxtasksperchild``)."""
+        return self._direct_ok
 
     def any_direct(self) -> bool:
         """Whether a caller reads its call's input itself (a guess, without the lock)."""

@@ -126,6 +126,7 @@ class StreamService:
         self._n_results = 0  # map results received by the current stream
         self._quiet_before = False  # the last stream failure was a quiet restart
         self.task_timeout: float | None = runner_options.get("task_timeout")
+        self.max_tasks = int(runner_options.get("max_tasks") or 0)
         self.doomed: list[Any] = []  # workers given up on, killed before the others stop
         self.watch: StuckWatch | None = None  # tasks stuck past task_timeout (hardstop.py)
         scheduler.attach(self)
@@ -206,15 +207,18 @@ class StreamService:
                 cost=self._cost_per_value,
                 runs=feed,
             )
-            if self.watch is not None:
-                call.input.sizing.max_batch = 1  # a killed worker loses one work item
+            if self.watch is not None or self.max_tasks:
+                # A killed worker loses one work item; a worker that retires after
+                # maxtasksperchild work messages ran as many tasks (_engine/retire.py).
+                call.input.sizing.max_batch = 1
             self.call = call
             scheduler.begin_stream(feed)
             self._n_results = 0
             self._run(call)
             if scheduler.closed_and_all_sent():
                 return True
-            if feed.recycled:  # maxtasksperchild: the next stream starts new workers
+            if feed.recycled:  # a remote backend's maxtasksperchild, or a stuck task
+                # (hardstop.py): the next stream starts new workers
                 self.call = None  # the old stream holds the old queues
                 scheduler.begin_stream(None)
                 call = feed = None  # (route, a bound method, holds the service only)

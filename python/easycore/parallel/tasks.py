@@ -357,10 +357,13 @@ class TaskHooks(engine.BaseRunner):
         item_seeds: bool = False,
         worker_exit: Any = None,
         task_timeout: float | None = None,
+        max_tasks: int = 0,
         **kwargs: Any,
     ) -> None:
         """``setup``, ``on_unsendable``, ``item_seeds``, ``worker_exit``, ``task_timeout``:
-        see :class:`PoolExtension`; the rest as for a runner."""
+        see :class:`PoolExtension`; ``max_tasks``: each local worker retires after that many
+        work messages and is replaced in the running stream (``_engine/retire.py``); the
+        rest as for a runner."""
         local = task_timeout is not None and kwargs.get("backend") in (None, "local")
         self._extension = PoolExtension(
             setup,
@@ -371,6 +374,7 @@ class TaskHooks(engine.BaseRunner):
             task_timeout,
             slots() if local else None,
         )
+        self._extension.max_tasks = max_tasks
         super().__init__(devices, **kwargs)
 
     _extension: PoolExtension

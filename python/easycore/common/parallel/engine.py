@@ -274,6 +274,7 @@ class BaseRunner(RunnerHooks):
             fix_unsendable=self._extension.fix_unsendable,
             seed_per_item=self._seed_per_item,
             init_timeout=self._init_timeout,
+            max_tasks=self._extension.max_tasks,
         )
 
     # ----- life cycle -----
@@ -339,6 +340,7 @@ class BaseRunner(RunnerHooks):
             except BaseException:
                 workers.shutdown(timeout=2.0, interrupt=True)
                 raise
+            workers.adopt_zygote(self._zygote)  # it forks their replacements (retire.py)
             return workers
         if first:
             self._make_zygote(start)
