@@ -75,16 +75,20 @@ FAULT_ENV = "EASYCORE_TEST_FAULT"
 
 def fault(step: str) -> None:
     """Fault injection for the tests of the hand-over (``_engine/retire.py``): with
-    ``EASYCORE_TEST_FAULT=<step>:<path>`` in the environment, the first producer that reaches
-    ``step`` and creates ``path`` (exclusively) is SIGKILLed there. Unset (always, outside
-    those tests): one dictionary look-up per step."""
+    ``EASYCORE_TEST_FAULT=<step>:<folder>`` in the environment, once ``<folder>/armed``
+    exists, the first producer to reach ``step`` and create ``<folder>/fired`` (exclusively)
+    is SIGKILLed there. Unset (always, outside those tests): one look-up per step."""
     spec = os.environ.get(FAULT_ENV)
     if spec is None or not spec.startswith(step + ":"):
         return
+    folder = spec[len(step) + 1 :]
+    if not os.path.exists(os.path.join(folder, "armed")):
+        return
     try:
-        os.close(os.open(spec[len(step) + 1 :], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        fired = os.open(os.path.join(folder, "fired"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
     except OSError:
         return  # another producer took it
+    os.close(fired)
     os.kill(os.getpid(), signal.SIGKILL)
 
 

@@ -1,0 +1,127 @@
+"""``maxtasksperchild``: each worker retires after exactly its own ``maxtasksperchild`` tasks
+and a new one takes its place in the running stream, while the other workers go on
+(``_engine/retire.py``): every result arrives once, under fork, forkserver and spawn; a
+worker's pid serves at most ``maxtasksperchild`` tasks; a worker busy with a long task keeps
+its pid while the others are replaced; and a producer killed at each step of the hand-over
+loses nothing or fails cleanly as a worker's death."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+import retire_defs as rd
+from easycore.errors import WorkerDiedError
+from easycore.parallel import Pool
+
+METHODS = ["fork", "forkserver", "spawn"]
+
+
+def _per_pid(pids: list[int]) -> Counter[int]:
+    return Counter(pids)
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("k", [1, 2, 3])
+@pytest.mark.parametrize("method", METHODS)
+def test_every_result_arrives_exactly_once(method: str, k: int) -> None:
+    n = 8 if method == "fork" else 6  # spawn starts a process per k tasks: keep it short
+    with Pool(2, maxtasksperchild=k, start_method=method) as pool:
+        futs = [pool.submit(rd.pid_of, -x) for x in range(1, n + 1)]
+        unordered = list(pool.imap_unordered(rd.pid_of, iter(range(n))))
+        ordered = pool.map(rd.pid_of, range(2 * n), chunksize=2)
+        starred = pool.starmap(rd.pids_of, [(x, x) for x in range(n)], chunksize=1)
+        tasks = [f.result(timeout=300) for f in futs]
+        pool.close()
+        pool.join()
+    assert sorted(x for x, _ in tasks) == list(range(-n, 0))
+    assert sorted(x for x, _ in unordered) == list(range(n))
+    assert [x for x, _ in ordered] == list(range(2 * n))
+    assert [xs for xs, _ in starred] == [(x, x) for x in range(n)]
+    # Tasks per pid: a submitted task, an imap item, a map chunk (2 items), a starmap item.
+    served = _per_pid(
+        [p for _, p in tasks]
+        + [p for _, p in unordered]
+        + [p for _, p in ordered[::2]]  # one per chunk: chunk i is items 2i, 2i+1
+        + [p for _, p in starred]
+    )
+    assert max(served.values()) <= k, served
+    for i in range(0, 2 * n, 2):  # a chunk runs in one worker
+        assert ordered[i][1] == ordered[i + 1][1]
+    total = n + n + n + n
+    assert len(served) >= -(-total // k)  # at least ceil(tasks / k) workers served
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_retires_alone_while_another_runs_a_long_task(method: str, tmp_path) -> None:
+    release = str(tmp_path / "release")
+    k = 3
+    with Pool(2, maxtasksperchild=k, start_method=method) as pool:
+        long = pool.submit(rd.hold_until, release, 240.0)
+        quick = [pool.submit(rd.pid_of, x) for x in range(4 * k)]
+        # Every quick task is done while the long one still runs: its worker was not
+        # waited for, the other worker (and its replacements) retired one by one.
+        got = [f.result(timeout=200) for f in quick]
+        assert not long.done()
+        open(release, "w").close()
+        long_pid = long.result(timeout=60)
+    served = _per_pid([p for _, p in got])
+    assert sorted(x for x, _ in got) == list(range(4 * k))
+    assert long_pid not in served  # the long task's worker kept to it, unreplaced
+    assert max(served.values()) <= k, served
+    assert len(served) >= 4, served  # the other place saw at least 4 workers
+
+
+@pytest.mark.timeout(120)
+def test_exit_results_and_stats_stay_per_worker() -> None:
+    with Pool(2, maxtasksperchild=2, start_method="fork", worker_exit=rd.exit_pid) as pool:
+        out = pool.map(rd.pid_of, range(12), chunksize=1)
+        stats = pool.stats
+        pool.close()
+        pool.join()
+        exits = pool.exit_results
+    pids = {p for _, p in out}
+    assert len(pids) == 6  # 12 tasks, 2 each
+    # The last worker of each place said goodbye (its replacements' predecessors did too).
+    assert len(exits) == 2 and all(isinstance(p, int) for p in exits) and len(set(exits)) == 2
+    assert sum(stats.producer_items.values()) == 12
+    assert set(stats.producer_items) == {0, 1}
+
+
+# ----- killed at each step of the hand-over (see _engine/retire.py) -----
+
+# Steps after which a retiring worker's results are all on their way: nothing fails.
+LOSSLESS = ["retire_end", "retire_say", "retire_exit"]
+# A worker's death: the calls with work in flight may fail with WorkerDiedError, never
+# with a result lost or delivered twice; the pool goes on.
+DEATHS = ["retire_mark", "start", "ready", "first_task"]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("step", LOSSLESS + DEATHS)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_killed_at_each_step_of_the_hand_over(
+    step: str, method: str, tmp_path, monkeypatch
+) -> None:
+    if method == "spawn" and step not in ("retire_say", "ready"):
+        pytest.skip("spawn: one step of each side (each spawn is slow)")
+    monkeypatch.setenv("EASYCORE_TEST_FAULT", f"{step}:{tmp_path}")
+    with Pool(2, maxtasksperchild=2, start_method=method) as pool:
+        assert pool.submit(rd.pid_of, 0).result(timeout=120)[0] == 0  # the first workers run
+        (tmp_path / "armed").touch()  # from now on, the first to reach the step is killed
+        try:
+            out = pool.map(rd.pid_of, range(12), chunksize=1)
+        except WorkerDiedError:
+            assert step in DEATHS, step
+            out = None
+        if out is not None:
+            assert [x for x, _ in out] == list(range(12))  # each once, in order
+            assert max(_per_pid([p for _, p in out]).values()) <= 2
+        after = pool.map(rd.pid_of, range(6), chunksize=1)
+        assert [x for x, _ in after] == list(range(6))
+        pool.close()
+        pool.join()
+    assert (tmp_path / "fired").exists()  # the fault did happen
+    assert os.environ.get("EASYCORE_TEST_FAULT")  # (monkeypatch removes it after)
