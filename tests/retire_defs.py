@@ -28,3 +28,23 @@ def hold_until(path: str, limit: float) -> int:
 def exit_pid() -> int:
     """A ``worker_exit``: the worker's pid."""
     return os.getpid()
+
+
+def barrier(folder: str, n: int, limit: float) -> int:
+    """Says it runs (a file named by its pid in ``folder``), then waits until ``n`` tasks do
+    (at most ``limit`` seconds): ``n`` such tasks at once run in ``n`` different workers.
+    Returns the worker's pid."""
+    os.makedirs(folder, exist_ok=True)
+    open(os.path.join(folder, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + limit
+    while len(os.listdir(folder)) < n and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return os.getpid()
+
+
+def stuck_in_c_saying(path: str, seconds: float = 300.0) -> None:
+    """Creates ``path``, then blocks in C with SIGALRM blocked (``pool_defs.stuck_in_c``)."""
+    import pool_defs
+
+    open(path, "w").close()
+    pool_defs.stuck_in_c(0, seconds)

@@ -3,16 +3,19 @@ and a new one takes its place in the running stream, while the other workers go 
 (``_engine/retire.py``): every result arrives once, under fork, forkserver and spawn; a
 worker's pid serves at most ``maxtasksperchild`` tasks; a worker busy with a long task keeps
 its pid while the others are replaced; and a producer killed at each step of the hand-over
-loses nothing or fails cleanly as a worker's death."""
+loses nothing or fails cleanly as a worker's death. A task stuck in C code past
+``task_timeout`` has its worker replaced alone, the others keep their pids and their tasks."""
 
 from __future__ import annotations
 
 import os
+import re
+import time
 from collections import Counter
 
 import pytest
 import retire_defs as rd
-from easycore.errors import WorkerDiedError
+from easycore.errors import PoolTimeoutError, WorkerDiedError
 from easycore.parallel import Pool
 
 METHODS = ["fork", "forkserver", "spawn"]
@@ -125,3 +128,41 @@ def test_killed_at_each_step_of_the_hand_over(
         pool.join()
     assert (tmp_path / "fired").exists()  # the fault did happen
     assert os.environ.get("EASYCORE_TEST_FAULT")  # (monkeypatch removes it after)
+
+
+# ----- a task stuck in C past task_timeout: only its worker is replaced -----
+
+
+def _barrier_round(pool: Pool, folder: str, n: int) -> set[int]:
+    """The pids of the pool's ``n`` workers: ``n`` tasks that wait for each other."""
+    futs = [pool.submit(rd.barrier, folder, n, 8.0) for _ in range(n)]
+    return {f.result(timeout=120) for f in futs}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_stuck_task_replaces_its_worker_alone(method: str, tmp_path) -> None:
+    limit = 10.0  # the stuck task is given up 11 s after it began
+    with Pool(3, task_timeout=limit, start_method=method) as pool:
+        first = _barrier_round(pool, str(tmp_path / "r1"), 3)
+        assert len(first) == 3
+        began = tmp_path / "began"
+        stuck = pool.submit(rd.stuck_in_c_saying, str(began))
+        while not began.exists():
+            time.sleep(0.01)
+        # Tasks that start well after the stuck one (their own timeout ends 5 s after its
+        # end) and run until it was given up: in flight on the two other workers meanwhile.
+        time.sleep(5.0)
+        release = str(tmp_path / "release")
+        held = [pool.submit(rd.hold_until, release, limit - 0.5) for _ in range(2)]
+        with pytest.raises(PoolTimeoutError) as info:
+            stuck.result(timeout=120)
+        open(release, "w").close()
+        killed = int(re.search(r"pid (\d+)", str(info.value))[1])
+        assert killed in first
+        # The two tasks in flight on the other workers ran to their end, undisturbed.
+        assert {f.result(timeout=60) for f in held} == first - {killed}
+        after = _barrier_round(pool, str(tmp_path / "r2"), 3)
+        assert after >= first - {killed}  # the other workers kept their pids
+        assert killed not in after and len(after) == 3  # and a new one took its place
+        assert not os.path.exists(f"/proc/{killed}")  # killed and reaped

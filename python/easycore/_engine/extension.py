@@ -45,6 +45,9 @@ class Extension:
     #: each local producer retires after this many work messages and a new one takes its
     #: place in the running stream (``retire.py``); 0: never
     max_tasks: int = 0
+    #: local producers may be replaced in the running stream (``retire.py``): by
+    #: ``max_tasks``, or when the runner gives one up (the pool's stuck tasks)
+    replaceable: bool = False
 
     def producer_setup(self, base: Setup, seed: int) -> Setup:
         """The ``setup(device)`` run first in each producer, given the flavour's ``base``

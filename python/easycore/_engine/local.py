@@ -88,6 +88,8 @@ class ProducerStart:
             made by :func:`make_zygote`), or None: this process forks them.
         max_tasks: each producer retires after this many work messages, and a new one takes
             its place in the running stream (``retire.py``); 0: no bound.
+        replaceable: producers may be replaced in the running stream (``retire.py``): by
+            ``max_tasks``, or when the caller gives one up (``LocalWorkers.replace``).
     """
 
     hooks: Any
@@ -105,6 +107,7 @@ class ProducerStart:
     init_timeout: float | None = None
     zygote: Zygote | None = None
     max_tasks: int = 0
+    replaceable: bool = False
 
     def spawn_hint(self) -> str:
         """What the start method is, and why, for errors."""
@@ -190,7 +193,7 @@ def start_local(start: ProducerStart) -> LocalWorkers:
     )
     zygote = start.zygote if start.zygote is not None and start.zygote.alive else None
     state_fd = -1
-    if zygote is not None or (start.max_tasks and start.start_method == "fork"):
+    if zygote is not None or (start.replaceable and start.start_method == "fork"):
         # Shared with producers that are not this process's children: the zygote's, now
         # or (replacements) later.
         state_fd = _state_memfd(n)
@@ -214,7 +217,7 @@ def start_local(start: ProducerStart) -> LocalWorkers:
         starter.close()
         workers.shutdown(timeout=2.0, interrupt=True)
         raise
-    if start.max_tasks:
+    if start.replaceable:
         # Producers retire and new ones join the running stream (retire.py): the queues keep
         # their names until the stream ends, as their pooled segments and token do.
         workers.replace_with(starter)

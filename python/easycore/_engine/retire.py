@@ -54,6 +54,13 @@ If one of them dies (any signal, at any point):
 * C cannot start N (the zygote is gone: N is forked by the caller itself, as a pool does
   after its zygote died; the start fails): reported as R's death.
 
+**Given up on.** The same replacement serves a producer that the caller gives up on: the
+pool's worker stuck in C code past its ``task_timeout`` (``parallel/hardstop.py``). The
+caller has stopped it (SIGSTOP) inside that task, so it holds no queue record and no lock of
+the queues' (it is in user code); :meth:`Retirements.give_up` kills it and starts N in its
+place as in step 5, while the stream and the other producers go on. If N dies: as above.
+If the caller dies meanwhile: the killed producer is gone, N leaves with the others.
+
 The tests kill producers at each of these steps (``process_main.fault``).
 """
 
@@ -146,6 +153,23 @@ class Retirements:
         if err is not None:
             self.end_errors.append(err)
         self.exit_results[i] = value
+
+    def give_up(self, i: int, proc: Any) -> bool:
+        """The caller gave up on ``proc``, producer ``i`` (stopped in a task that does not
+        end: the pool's ``hardstop.py``): kills it and starts a new one in its place. False
+        if nothing was done (the transport stops, or ``proc`` was replaced meanwhile): then
+        it is the caller's to kill."""
+        with self.lock:
+            if proc is not self.procs[i] or self.stopping:
+                return False
+            try:
+                proc.kill()
+            except (OSError, AttributeError):
+                pass
+            proc.join(2.0)  # stopped, then killed: reaped at once (_replace forgets it)
+            self.view[self._word(i)] = proc.pid  # replaced, not dead (see _replace)
+            self._replace(i)
+            return True
 
     def _replace(self, i: int) -> None:
         """Step 5 (under the lock): producer ``i`` retired; a new one takes its place."""

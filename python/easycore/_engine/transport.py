@@ -110,6 +110,12 @@ class Transport:
         """The zygote that forks this transport's replacement producers (``retire.py``), made
         after its first producers started. Ignored here."""
 
+    def replace(self, i: int, proc: Any) -> bool:
+        """Kills producer ``i`` (``proc``, stopped by the caller, which gave up on it) and
+        starts a new one in its place in the running stream (``retire.py``); False if not
+        done (then the caller kills it). Here: never done."""
+        return False
+
     def stall_error(
         self, devices: Sequence[str], call: int, timeout: float, in_flight: int
     ) -> RunnerTimeoutError:
@@ -231,6 +237,10 @@ class LocalWorkers(Transport):
             self.init_s[seq] = float(bytes(parts[0]) or 0)
         else:
             retire.message(seq, t, parts)
+
+    def replace(self, i: int, proc: Any) -> bool:
+        retire = self.retire
+        return retire is not None and self.mine() and retire.give_up(i, proc)
 
     @property
     def replaced(self) -> int:

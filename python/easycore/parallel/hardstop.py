@@ -11,12 +11,15 @@ system calls). In the caller, a :class:`StuckWatch` thread looks at the slots ev
 2. the task's call (or future) fails with :class:`~easycore.errors.PoolTimeoutError`;
 3. the stream is told the worker's batch came back empty (a result message put on the way
    back for it: with a ``task_timeout``, each batch holds one work item, so nothing else was
-   in it); it takes no more work, and the batches it queued that no worker took yet are
-   taken back (each answered empty too) and their work items handed to the pool, to be
-   sent first by the next stream;
-4. the stream ends once the other workers are done with their batches, and its workers are
-   replaced, as after ``maxtasksperchild`` (the stopped one is killed first). Nothing else
-   fails; the work given back runs on the new workers.
+   in it);
+4. the stopped worker is killed and a new one takes its place in the running stream
+   (``LocalWorkers.replace``, see ``_engine/retire.py``): the other workers, the tasks they
+   run and the work queued for them are not touched. Nothing else fails.
+
+Only where that replacement cannot be made (the workers are being stopped) does the old
+way remain: the stream takes no more work, the batches it queued that no worker took yet
+are taken back (each answered empty) and handed to the pool, the stream ends once the other
+workers are done with theirs, and every worker is replaced (the stopped one killed first).
 """
 
 from __future__ import annotations
@@ -194,12 +197,18 @@ class StuckWatch:
         err = PoolTimeoutError(
             f"{what} ran longer than the pool's task_timeout={self.limit:g} s and did not stop "
             f"within {GRACE_S:g} s more (blocked in C code?): its worker (pid {proc.pid}) was "
-            "killed, and the pool's workers are replaced"
+            "killed and replaced"
         )
         service.doomed.append(proc)
         _fail(service, job, index, err)
         # Its batch (one work item: the stream's batches hold one each) comes back empty.
         if not _put_empty(workers, call, _NO_SEQ, 0, 1, w):
+            return
+        if workers.replace(w, proc):
+            # Killed, and a new worker took its place in the running stream: the others
+            # and their work go on (_engine/retire.py).
+            if proc in service.doomed:
+                service.doomed.remove(proc)
             return
         # The stream takes no more work; what it queued and no worker took yet is given back
         # to the pool (sent again by the next stream), so the stream ends once the other

@@ -375,6 +375,8 @@ class TaskHooks(engine.BaseRunner):
             slots() if local else None,
         )
         self._extension.max_tasks = max_tasks
+        # A worker stuck past task_timeout is replaced alone, in the running stream.
+        self._extension.replaceable = local
         super().__init__(devices, **kwargs)
 
     _extension: PoolExtension

@@ -275,6 +275,7 @@ class BaseRunner(RunnerHooks):
             seed_per_item=self._seed_per_item,
             init_timeout=self._init_timeout,
             max_tasks=self._extension.max_tasks,
+            replaceable=self._extension.replaceable or self._extension.max_tasks > 0,
         )
 
     # ----- life cycle -----
