@@ -176,14 +176,15 @@ class Retirements:
         if self.stopping:
             return
         old = self.procs[i]
+        # Cleared before the new one starts: it may retire (and write its pid) before
+        # start() returns here. From now on the old one is judged dead, unless replaced.
+        self.view[self._word(i)] = 0
+        self.view[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
         try:
             new = self.starter.start(i)
         except Exception as e:  # noqa: BLE001 - reported as the old one's death
             self.start_failed[i] = f"{type(e).__name__}: {e}"
-            self.view[self._word(i)] = 0  # judged dead from now on
             return
-        self.view[self._word(i)] = 0
-        self.view[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
         self.retired.append(old)
         self.procs[i] = new
         self.changes += 1
