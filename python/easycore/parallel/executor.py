@@ -140,8 +140,7 @@ class PoolExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accepts no new work; with ``wait``, waits for pending work and the workers.
         Without it, pending work still finishes (at interpreter exit too, as in
-        ``concurrent.futures``; on Python 3.12 not yet at interpreter exit: work still pending
-        when the interpreter exits is dropped there).
+        ``concurrent.futures``).
 
         Args:
             wait (bool): wait for pending futures and the workers to finish.
