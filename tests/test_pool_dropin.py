@@ -401,6 +401,32 @@ def test_a_task_or_result_that_does_not_unpickle_is_a_broken_process_pool(bad: t
         assert ex.submit(pd.square, 4).result(timeout=60) == 16
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("bad", [_ErrorAtUnpickle, _ExitAtUnpickle])
+@pytest.mark.parametrize("how", ["map", "imap", "executor"])
+def test_a_map_item_that_does_not_unpickle_fails_its_own_call_only(bad: type, how: str) -> None:
+    # The stdlib's executor breaks (BrokenProcessPool); here the error is the same, for the
+    # culprit's call only: calls running beside it, and the next ones, go on.
+    items = [1, 2, bad(), 4]
+    with PoolExecutor(2, start_method="fork") as ex:
+        pool = ex.pool
+        beside = pool.map_async(pd.square, range(200), chunksize=7)
+        task = pool.submit(pd.nap, 3, 0.2)
+        with pytest.raises(BrokenProcessPool) as ei:
+            if how == "map":
+                pool.map(pd.square, items)
+            elif how == "imap":
+                list(pool.imap(pd.square, iter(items)))
+            else:
+                list(ex.map(pd.square, items))
+        assert isinstance(ei.value, SerializationError)
+        assert "could not be unpickled in their worker" in str(ei.value)
+        assert beside.get(timeout=60) == [i * i for i in range(200)]
+        assert task.result(timeout=60) == 3
+        assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
+        assert list(pool.imap(pd.square, iter(range(3)))) == [0, 1, 4]
+
+
 def test_a_task_that_does_not_pickle_fails_its_future_with_the_picklers_error() -> None:
     # CPython's test_error_at_task_pickle: submit() returns; the future holds the error.
     with PoolExecutor(2, start_method="fork") as ex:
@@ -471,3 +497,21 @@ def test_work_first_sent_while_the_interpreter_exits_finishes() -> None:
     proc = subprocess.run([sys.executable, "-c", script], timeout=90, capture_output=True)
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     assert proc.stdout.decode().split("\n")[0] == "[25, 36, 49] [0, 1, 4, 9, 16]"
+
+
+@pytest.mark.timeout(120)
+def test_an_executor_whose_initializer_fails_is_broken(caplog: pytest.LogCaptureFixture) -> None:
+    # As ProcessPoolExecutor: made, then broken; what submit and map raise is a
+    # BrokenProcessPool, caused by the initializer's own error; the error is logged.
+    with caplog.at_level("CRITICAL", logger="concurrent.futures"):
+        ex = PoolExecutor(2, initializer=pd.fail_init, start_method="fork")
+    assert ex._broken
+    assert any("Exception in initializer" in r.getMessage() for r in caplog.records)
+    with ex:
+        for call in (lambda: ex.submit(pd.square, 2), lambda: ex.map(pd.square, [1])):
+            with pytest.raises(BrokenProcessPool) as ei:
+                call()
+            assert isinstance(ei.value, BrokenExecutor)
+            assert isinstance(ei.value.__cause__, pd.CustomError)
+    with PoolExecutor(1, start_method="fork") as ok:
+        assert not ok._broken
