@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -166,3 +169,60 @@ def test_a_stuck_task_replaces_its_worker_alone(method: str, tmp_path) -> None:
         assert after >= first - {killed}  # the other workers kept their pids
         assert killed not in after and len(after) == 3  # and a new one took its place
         assert not os.path.exists(f"/proc/{killed}")  # killed and reaped
+
+
+# ----- the caller SIGKILLed while its workers retire: no name is left -----
+
+RETIRING_FOR_EVER = """
+import sys
+sys.path.insert(0, {here!r})
+import retire_defs as rd
+from easycore.parallel import Pool
+
+if __name__ == "__main__":
+    with Pool(2, maxtasksperchild=1, start_method={method!r}) as pool:
+        pool.map(rd.pid_of, range(4), chunksize=1)
+        print("running", flush=True)
+        while True:
+            pool.map(rd.pid_of, range(4), chunksize=1)
+"""
+
+
+def _queue_tags_of(pid: int) -> set[str]:
+    """The tags (``ec.q<hex>.``) of the queues that process ``pid`` made."""
+    tags = set()
+    for name in os.listdir("/dev/shm"):
+        if name.startswith("ec.q") and name.endswith(".live"):
+            try:
+                with open(f"/dev/shm/{name}", "rb") as f:
+                    owner = f.read(64).decode(errors="replace")
+            except OSError:
+                continue
+            if owner.startswith(f"{pid}-"):
+                tags.add(name[: -len("live")])
+    return tags
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_killed_caller_leaves_no_queue_names_while_workers_retire(method: str) -> None:
+    code = RETIRING_FOR_EVER.format(here=os.path.dirname(os.path.abspath(__file__)), method=method)
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "running"
+        tags = _queue_tags_of(p.pid)
+        assert len(tags) == 2  # its input and output queues, named while workers retire
+        os.kill(p.pid, signal.SIGKILL)
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 60
+        left = [n for n in os.listdir("/dev/shm") if n.startswith(tuple(tags))]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.1)
+            left = [n for n in os.listdir("/dev/shm") if n.startswith(tuple(tags))]
+        assert left == []  # its workers (and zygote) removed every name of its queues
+        leftover = [n for n in os.listdir("/dev/shm") if n.startswith(f"ec.{p.pid}-")]
+        assert leftover == []
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()

@@ -243,9 +243,9 @@ def producer_main(
         fault("retire_mark")
         core.mark_retired(os.getpid())
         fault("retire_end")
-        err, value = core.goodbye()
+        said = core.goodbye()
         fault("retire_say")
-        _send(out_q, codec, index, wire.RETIRE, (err, value, os.getpid()), alive)
+        _send(out_q, codec, index, wire.RETIRE, (*said, os.getpid()), alive)
         fault("retire_exit")
     else:
         _send(out_q, codec, index, wire.BYE, core.goodbye(), alive)

@@ -47,7 +47,8 @@ If one of them dies (any signal, at any point):
   unless R put its ``RETIRE``.
 * C between 4 and 5, or while N starts: the caller died; R (if still there), N (once its
   watchdog runs) and the zygote see its liveness token go and leave, and the last to leave
-  removes the queues' names, as for any producer.
+  removes the queues' names, as for any producer. An N that comes to attach after the
+  last one left finds the queues gone and exits (a spawned one prints that error).
 * N before 6, or after: a producer's death, as any other: it died where a producer of the
   stream is expected to be. (No work is lost by N before 6; calls with work in flight still
   fail, so that a replacement that always dies does not loop for ever.)

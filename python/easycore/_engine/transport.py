@@ -197,7 +197,7 @@ class LocalWorkers(Transport):
         state: Any,
         out_budget: int,
     ) -> None:
-        self.procs = procs
+        self.procs: list[Any] = procs
         self.devices = devices
         self.in_q = in_q
         self.out_q = out_q
