@@ -97,19 +97,25 @@ class Retirements:
         view: the shared state (int64 words, ``producer.STATE_FIELDS`` per producer).
         starter: starts producer ``i`` again.
         loads: the codec's ``loads`` (for ``RETIRE``'s payload).
+        changed: called (under the lock) when a producer was replaced.
     """
 
     def __init__(
-        self, procs: list[Any], view: Any, starter: Starter, loads: Callable[[Any], Any]
+        self,
+        procs: list[Any],
+        view: Any,
+        starter: Starter,
+        loads: Callable[[Any], Any],
+        changed: Callable[[], None],
     ) -> None:
         self.procs = procs
+        self.changed = changed
         self.view = view
         self.starter = starter
         self.loads = loads
         self.lock = threading.Lock()  # the feed's, the receiver's and a caller's looks
         self.retired: list[Any] = []  # replaced, not yet reaped
         self.stopping = False  # the transport stops: nothing is started any more
-        self.changes = 0  # replacements so far (the transport's poll of sentinels follows)
         self.replaced = 0  # producers that retired and were replaced
         self.start_failed: dict[int, str] = {}  # by index: why a replacement did not start
         self.exit_results: dict[int, Any] = {}  # by index: the last retiree's value
@@ -188,7 +194,7 @@ class Retirements:
             return
         self.retired.append(old)
         self.procs[i] = new
-        self.changes += 1
+        self.changed()
         self.replaced += 1
         self._reap()
 

@@ -212,7 +212,7 @@ class LocalWorkers(Transport):
         self.out_budget = out_budget
         self.receive = out_q.get_many  # type: ignore[method-assign]  # no frame
         self._exit_poll: select.poll | None = None  # on the sentinels of the first _polled
-        self._polled = (0, 0)
+        self._polled = 0
         self.retire: Retirements | None = None  # producers that retire (retire.py)
         self.start_errors: dict[int, dict[str, Any]] = {}  # a replacement's failed start
         lifecycle.register(Stage.PRODUCERS, self)
@@ -220,7 +220,9 @@ class LocalWorkers(Transport):
     def replace_with(self, starter: Starter) -> None:
         """Producers retire after their ``max_tasks`` and ``starter`` starts their
         replacements (``retire.py``)."""
-        self.retire = Retirements(self.procs, self.view, starter, wire.Codec().loads)
+        self.retire = Retirements(
+            self.procs, self.view, starter, wire.Codec().loads, self._procs_changed
+        )
 
     def adopt_zygote(self, zygote: Any) -> None:
         if self.retire is not None:
@@ -251,16 +253,24 @@ class LocalWorkers(Transport):
         """Whether a producer has exited: one poll(2) on their sentinels, which become
         readable when they exit (about 0.5 µs; :meth:`dead` asks each process twice, 3.5 µs
         for two)."""
-        retire = self.retire
-        key = (len(self.procs), 0 if retire is None else retire.changes)
-        if self._exit_poll is None or self._polled != key:
+        poll = self._exit_poll  # (set to None by another thread when a producer is replaced)
+        if poll is None or self._polled != len(self.procs):
             poll = select.poll()
             for p in self.procs:
                 poll.register(p.sentinel, select.POLLIN)
-            self._exit_poll, self._polled = poll, key
-        if not self._exit_poll.poll(0):
+            self._exit_poll, self._polled = poll, len(self.procs)
+        if not poll.poll(0):
             return False
-        return retire is None or self.dead() is not None  # one that retired is replaced
+        if self.retire is None or self.dead() is not None:
+            return True
+        # One that retired (or was given up on) was replaced, and is no death: the next
+        # look polls the producers there are now.
+        self._exit_poll = None
+        return False
+
+    def _procs_changed(self) -> None:
+        """A producer was replaced: the poll of sentinels is made again."""
+        self._exit_poll = None
 
     def dead(self) -> WorkerDiedError | None:
         """An error describing the first producer that died, if any (one that retired is
