@@ -111,13 +111,14 @@ class Pool(_PoolBase):
             few.
         queue_scale (float): scales the shared-memory queues (as for the runners).
         close_timeout (float): seconds ``close()``/``join()`` leave the workers to exit.
-        maxtasksperchild (int, optional): replace the workers after this many tasks each
-            (``multiprocessing.Pool``'s worker recycling, for code that leaks): once the
-            pool has sent ``maxtasksperchild`` × workers tasks (a submitted task, or one
-            item of a ``map``), it stops sending, lets them finish, and starts new workers
-            for the rest. Every worker is replaced together, so one worker may run more
-            than its share (at most ``maxtasksperchild`` × workers) when others are slow.
-            Default None: workers live as long as the pool.
+        maxtasksperchild (int, optional): each worker retires after this many tasks
+            (``multiprocessing.Pool``'s worker recycling, for code that leaks; a task is a
+            submitted task, a ``map`` chunk, or one item of an ``imap`` without a
+            ``chunksize``): it runs ``worker_exit`` and exits, and a new worker takes its
+            place while the others go on (``_engine/retire.py``). Each message to the
+            workers then holds one task. Under the Ray backend every worker is replaced
+            together, after ``maxtasksperchild`` × workers tasks. Default None: workers
+            live as long as the pool.
         backend (str or object, optional): where the workers run, as for the runners:
             ``"ray"`` (or an ``easycore.ray.RayBackend``) makes each worker a Ray actor
             (``devices`` then as the Ray backend's; default ``"all"``, one
