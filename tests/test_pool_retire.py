@@ -226,3 +226,46 @@ def test_a_killed_caller_leaves_no_queue_names_while_workers_retire(method: str)
         if p.poll() is None:
             p.kill()
             p.wait()
+
+
+TWO_ASKERS = """
+import os, sys, threading
+from multiprocessing.connection import wait
+from easycore._core import identity
+from easycore._engine.zygote import Zygote
+
+def leave(blob, fds):
+    for fd in fds:
+        os.close(fd)
+    os._exit(3)
+
+if __name__ == "__main__":
+    z = Zygote(leave, identity())
+    child = z.fork("child", b"", [])
+    wait([child.sentinel], 30)  # exited; its code not asked yet
+    barrier = threading.Barrier(2)
+    codes = []
+
+    def ask():
+        barrier.wait()
+        codes.append(child.exitcode)
+
+    threads = [threading.Thread(target=ask) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    z.close()
+    print(codes)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_zygote_child_exit_code_asked_by_two_threads_at_once() -> None:
+    # The pool's threads (its feed's and receiver's health checks, the retirements) may ask
+    # at the same moment: each gets the code the zygote reported once.
+    out = subprocess.run(
+        [sys.executable, "-c", TWO_ASKERS], capture_output=True, text=True, timeout=50
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[3, 3]"

@@ -159,6 +159,9 @@ class ZygoteChild:
         self.sentinel = sentinel
         self.name = name
         self._code: int | None = None
+        # One asker at a time: the zygote reports an exit code once (a second asker would
+        # wait for a report that never comes, then take UNKNOWN_EXIT).
+        self._code_lock = threading.Lock()
         weakref.finalize(self, os.close, sentinel)
 
     def _exited(self, timeout: float | None = 0.0) -> bool:
@@ -168,7 +171,9 @@ class ZygoteChild:
     def exitcode(self) -> int | None:
         """None while it runs, else its exit code (negative: the signal that ended it)."""
         if self._code is None and self._exited():
-            self._code = self._zygote.exitcode_of(self._rid)
+            with self._code_lock:
+                if self._code is None:
+                    self._code = self._zygote.exitcode_of(self._rid)
         return self._code
 
     def is_alive(self) -> bool:
