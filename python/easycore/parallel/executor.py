@@ -9,10 +9,10 @@ import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
-from concurrent.futures.process import BrokenProcessPool, _RemoteTraceback
+from concurrent.futures.process import _RemoteTraceback
 from typing import Any, ParamSpec, TypeVar
 
-from easycore.errors import RunnerClosedError, WorkerError
+from easycore.errors import BrokenInitializer, RunnerClosedError, WorkerError
 from easycore.parallel.pool import Pool
 
 _T = TypeVar("_T")
@@ -42,13 +42,6 @@ if _register is not None:
     _register(_finish_at_exit)
 else:  # pragma: no cover - CPython has had it since 3.9
     atexit.register(_finish_at_exit)
-
-
-class BrokenInitializer(BrokenProcessPool):
-    """A :class:`PoolExecutor` whose ``initializer`` raised in a worker is broken, as a
-    ``ProcessPoolExecutor`` is: ``submit`` and ``map`` raise this ``BrokenProcessPool``,
-    with the initializer's own error (the original type, the remote traceback as its
-    ``__cause__``) as ``__cause__``."""
 
 
 class PoolExecutor(Executor):
