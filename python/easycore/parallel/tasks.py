@@ -484,6 +484,23 @@ class TaskHooks(engine.BaseRunner):
         """The engine's transport of the current producers (None: stopped)."""
         return self._workers
 
+    def worker_processes(self) -> list[Any]:
+        """The handles of the producer processes now started, by producer index (empty
+        while they are stopped): what the engine itself waits on and stops.
+
+        Raises:
+            NotImplementedError: the producers are not processes of this machine (Ray).
+        """
+        if self._remote is not None:
+            raise NotImplementedError(
+                "the workers run elsewhere (a remote backend's actors), not as processes of "
+                "this machine: they have no local process handles"
+            )
+        workers = self._workers
+        if workers is None or workers.closed:
+            return []
+        return list(workers.procs)
+
     def producer_died(self) -> bool:
         """Whether a producer has died, or the producers are already stopped."""
         workers = self._workers
