@@ -72,6 +72,10 @@ class PoolExecutor(Executor):
             :class:`Pool`'s ``maxtasksperchild``. As in the stdlib, the start method then
             defaults to spawn, and fork is refused (``ValueError``).
         **kwargs: the other keyword arguments of :class:`Pool`.
+
+    ``ProcessPoolExecutor``'s private attributes that code written for it reads are there,
+    backed by the pool's workers: ``_processes`` (pid → process), ``_max_workers``,
+    ``_executor_manager_thread``, ``_mp_context``, ``_broken``.
     """
 
     _pool_cls: type[Pool] = Pool
