@@ -313,3 +313,13 @@ class EndValue(Collect):
         from easycore.common.parallel import worker_info
 
         return (worker_info().index, device, cfg.seen)
+
+
+class SlowPair(Collect):
+    """Ordered collect whose items 1500 and 1501 take 0.3 s and 0.2 s; the others nothing."""
+
+    @staticmethod
+    def producer_work(device, cfg, data):
+        if data in (1500, 1501):
+            time.sleep(0.3 if data == 1500 else 0.2)
+        return data
