@@ -221,3 +221,14 @@ def test_a_body_whose_arena_is_gone_gives_a_function_that_raises():
     assert functions._load_shared(by_value.key, "ec.no-such-arena", size)() == 100_000
     del by_value
     bodies.clear()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_exit_that_outlasts_close_timeout_is_terminated():
+    # worker_exit naps 300 s: join() returns after close_timeout, the worker terminated.
+    pool = Pool(1, worker_exit=lambda: pd.nap(1, 300), close_timeout=1, start_method="fork")
+    pid = pool.submit(os.getpid).result(timeout=60)
+    pool.close()
+    pool.join()
+    assert pool.exit_results == [None]  # it never returned
+    assert not os.path.exists(f"/proc/{pid}")  # terminated and reaped
