@@ -3,9 +3,12 @@ each producer, merged in the caller) and a readable summary of a :class:`RunnerS
 
 The slowest are timed per item of ``producer_work``, as mpire times each task: a runner's
 input item, or a pool's work item (a submitted task, or a chunk of a call's items as
-``multiprocessing.Pool`` counts tasks). Cost: one clock read and one comparison per item in
-the producer (about 0.1 µs); an item that enters the producer's top ``SLOWEST`` of the call
-is sent with its batch's results (a few dozen bytes) and merged in the caller.
+``multiprocessing.Pool`` counts tasks), at the cost of one clock read and one comparison per
+item in the producer (about 0.1 µs). Where that would be a large share of an item's time
+(the producer's last batch took under :data:`TIME_EACH_S` an item, and this batch holds more
+than a few items), the batch is timed as a whole instead: an entry of ``count`` items. An
+item (or batch) that enters the producer's top ``SLOWEST`` of the call is sent with its
+batch's results (a few dozen bytes) and merged in the caller.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from typing import Any
 RunnerStats = Any
 
 SLOWEST = 5  # how many of the slowest items a call keeps
+# Items that took at least this long on average (in the producer's last batch) are timed
+# each; cheaper ones in a batch as a whole (a clock read an item would cost them up to 40 %).
+TIME_EACH_S = 5e-6
 
 
 @dataclass(frozen=True)
@@ -30,8 +36,9 @@ class SlowTask:
         producer: the producer that ran it (its position in ``devices``).
         item: its index in the call (the pool: its place in the stream; ``label`` says what
             it was).
-        count: 1 (each entry is one item; a pool's ``label`` names the input items of a
-            chunk).
+        count: 1: an item's own time (a pool's ``label`` names the input items of a
+            chunk); more: a batch of that many items that take microseconds each, timed as
+            a whole (see the module).
         label: what it was, said by the runner (the pool: ``"call 3, item 17"``,
             ``"call 3, items 16..31"`` for a chunk, ``"task (call 5)"``), or None.
     """
@@ -70,7 +77,7 @@ class SlowItems:
     def __init__(self) -> None:
         self.call = 0
         self.heap: list[float] = []  # the call's slowest durations so far (a min-heap)
-        self.pending: list[tuple[float, int, str | None]] = []  # to send with the results
+        self.pending: list[tuple[float, int, int, str | None]] = []  # sent with the results
 
     def floor(self, call: int) -> float:
         """The time an item of ``call`` must exceed to enter the top (-1: any item does)."""
@@ -81,9 +88,10 @@ class SlowItems:
         heap = self.heap
         return heap[0] if len(heap) >= SLOWEST else -1.0
 
-    def note(self, seconds: float, index: int, item: Any) -> float:
+    def note(self, seconds: float, index: int, item: Any, count: int = 1) -> float:
         """Item ``index`` (``item``, for its label) took ``seconds``, more than the floor:
-        keeps it to send; returns the new floor."""
+        keeps it to send; returns the new floor. ``count`` > 1: a batch of items timed as a
+        whole, from ``index`` (``item`` its first)."""
         heap = self.heap
         if len(heap) < SLOWEST:
             heapq.heappush(heap, seconds)
@@ -96,10 +104,12 @@ class SlowItems:
                 label = describe(item)
             except Exception:  # noqa: BLE001 - a label is a nicety, never an error
                 label = None
-        self.pending.append((seconds, index, label))
+            if label is not None and count > 1:
+                label += f" and {count - 1} more"
+        self.pending.append((seconds, index, count, label))
         return heap[0] if len(heap) >= SLOWEST else -1.0
 
-    def take(self) -> list[tuple[float, int, str | None]] | None:
+    def take(self) -> list[tuple[float, int, int, str | None]] | None:
         """What entered the top since the last call of :meth:`take` (None: nothing)."""
         pending = self.pending
         if not pending:
@@ -112,8 +122,8 @@ def merge_slow(stats: RunnerStats, producer: int, slow: Any) -> None:
     """Adds a producer's slow items (what :meth:`SlowItems.take` returned) to the call's
     ``stats.slowest`` (kept sorted, slowest first, at most ``SLOWEST``)."""
     slowest = stats.slowest
-    for seconds, index, label in slow:
-        entry = SlowTask(float(seconds), producer, int(index), 1, label)
+    for seconds, index, count, label in slow:
+        entry = SlowTask(float(seconds), producer, int(index), int(count), label)
         if len(slowest) >= SLOWEST and entry.seconds <= slowest[-1].seconds:
             continue
         slowest.append(entry)

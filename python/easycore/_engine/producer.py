@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from easycore._engine import lifecycle, wire
-from easycore._engine.insights import SlowItems
+from easycore._engine.insights import TIME_EACH_S, SlowItems
 from easycore._engine.reports import error_report, not_picklable_report
 
 # Layout of the shared state array of local producers: ``STATE_FIELDS`` int64 words per
@@ -257,6 +257,7 @@ class ProducerCore:
         self.exit_value: Any = None  # what producer_end returned
         self.init_s = 0.0  # seconds of the set-up and producer_init
         self.slow = SlowItems()  # the call's slowest items
+        self.item_s = 0.0  # seconds an item took in the last batch (TIME_EACH_S)
 
     # ----- start and end -----
 
@@ -365,11 +366,13 @@ class ProducerCore:
         results: list[Any] = []
         append = results.append
         failed = None
-        # Each item is timed for stats.slowest (insights.py): one clock read an item.
+        # Each item is timed for stats.slowest (insights.py): one clock read an item, unless
+        # the items are known to take microseconds (then the batch is timed as a whole).
         slow, perf = self.slow, time.perf_counter
         floor = slow.floor(call)
+        each = self.item_s >= TIME_EACH_S or len(items) <= _TRACK_ITEMS
+        t = start = perf()
         try:
-            t = perf()
             if self.seed_per_item or (state is not None and len(items) <= _TRACK_ITEMS):
                 per_item, base = self.seed_per_item, self.base_seed
                 if state is not None:
@@ -380,20 +383,29 @@ class ProducerCore:
                     if per_item:
                         seed_for_item(base, call, first + k)
                     append(work(device, cfg, item))
-                    now = perf()
-                    if now - t > floor:
-                        floor = slow.note(now - t, first + k, item)
-                    t = now
+                    if each:
+                        now = perf()
+                        if now - t > floor:
+                            floor = slow.note(now - t, first + k, item)
+                        t = now
             else:
                 if state is not None:
                     state[me + COUNT] = len(items)
                     state[me + ITEM] = first
-                for item in items:
-                    append(work(device, cfg, item))
-                    now = perf()
-                    if now - t > floor:
-                        floor = slow.note(now - t, first + len(results) - 1, item)
-                    t = now
+                if each:
+                    for item in items:
+                        append(work(device, cfg, item))
+                        now = perf()
+                        if now - t > floor:
+                            floor = slow.note(now - t, first + len(results) - 1, item)
+                        t = now
+                else:
+                    for item in items:
+                        append(work(device, cfg, item))
+            took = perf() - start
+            self.item_s = took / max(1, len(items))
+            if not each and took > floor and items:
+                slow.note(took, first, items[0], len(items))
         except Interrupted:
             raise
         except BaseException as e:  # noqa: BLE001
