@@ -74,6 +74,11 @@ def test_the_slowest_are_tasks_and_items_not_messages():
         top = r.stats.slowest
     assert [(e.item, e.count) for e in top[:2]] == [(1500, 1), (1501, 1)]
     assert top[0].seconds >= 0.3 and 0.2 <= top[1].seconds < top[0].seconds
+    # Items of microseconds are timed per batch (a clock read each would cost them too much).
+    with rd.SumSquares(devices=2) as r:
+        assert r(range(50_000)) == sum(x * x for x in range(50_000))
+        batches = [e for e in r.stats.slowest if e.count > 8]
+    assert batches and all(f"items {e.item}..{e.item + e.count - 1}" in str(e) for e in batches)
     # A pool's entries are its tasks: each chunk of a map (as multiprocessing.Pool counts
     # tasks) or submitted task, named alone, whatever else its message held.
     with Pool(2, start_method="fork") as pool:
