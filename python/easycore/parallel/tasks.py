@@ -167,6 +167,8 @@ def _plain(args: Any) -> bool:
     """Whether a chunk's arguments are builtin scalars, or tuples of them (``starmap``):
     they always unpickle, so they need no pickling of their own (a few dozen ns an item,
     where a pickling of its own costs about a microsecond)."""
+    if type(args) is not list:
+        return False  # e.g. arguments already pickled by cloudpickle (functions._Pickled)
     plain = _PLAIN
     for a in args:
         t = type(a)
