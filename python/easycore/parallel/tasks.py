@@ -434,9 +434,8 @@ class TaskHooks(engine.BaseRunner):
         **kwargs: Any,
     ) -> None:
         """``setup``, ``on_unsendable``, ``item_seeds``, ``worker_exit``, ``task_timeout``:
-        see :class:`PoolExtension`; ``task_timeout_grace``: how long a task may run past
-        ``task_timeout`` before its worker is killed (``hardstop.py``); the rest as for a
-        runner."""
+        see :class:`PoolExtension`; ``task_timeout_grace``: see ``hardstop.py``; the rest
+        as for a runner."""
         self.task_timeout_grace = task_timeout_grace
         local = task_timeout is not None and kwargs.get("backend") in (None, "local")
         self._extension = PoolExtension(
