@@ -463,14 +463,21 @@ class StreamService:
 
     def _bound_room(self, n_results: int) -> None:
         """Bounds each job's results ahead of its caller by bytes too (as the runners bound
-        items in flight): at most about twice the output queue's budget of results."""
+        items in flight): at most about twice the output queue's budget of results, and no
+        more large results than the output pool has segments for (a job's results wait for
+        its caller in their segments; one that finds the pool full is built in private
+        memory and copied)."""
         call = self.call
         if call is None:
             return
         self._n_results += n_results
         per = call.stats.bytes_out / max(1, self._n_results)
         if per > 0:
-            self.room[0] = max(1, min(_WINDOW, int(call.max_inflight_bytes / per)))
+            room = min(_WINDOW, int(call.max_inflight_bytes / per))
+            pooled = call.input.sizing.pooled_results(per)
+            if pooled is not None:
+                room = min(room, pooled)
+            self.room[0] = max(1, room)
 
     # ----- the scheduler's questions (StreamProbe) -----
 
@@ -498,8 +505,11 @@ class StreamService:
         cost = self.item_cost
         if cost <= 0:
             return 1
-        # At most a quarter of the job's window per worker, so every worker gets chunks.
-        most = max(1, job.window // (4 * len(self.runner.devices)))
+        # At most a quarter of the job's bound per worker (its window, or fewer by bytes per
+        # result), so every worker gets chunks and large results are not held back a chunk
+        # at a time: a chunk's results take a pooled segment each from the first one made
+        # until their caller drops the last.
+        most = max(1, min(job.window, job.limit()) // (4 * len(self.runner.devices)))
         return max(1, min(int(_TARGET_CHUNK_S / cost), most))
 
 
