@@ -14,7 +14,7 @@ from concurrent.futures import CancelledError, Future, wait
 
 import pool_defs as pd
 import pytest
-from ctrl_c import ctrl_c_after
+from ctrl_c import assert_workers_and_names_gone, ctrl_c_after
 from easycore.errors import InvalidArgument, RunnerClosedError, WorkerDiedError
 from easycore.parallel import Pool, PoolExecutor, context
 
@@ -654,14 +654,6 @@ def _run_script(body: str, after: str, limit: float = 60) -> str:
     return ctrl_c_after(body, after, limit)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 @pytest.mark.parametrize("method", METHODS)
 def test_ctrl_c_in_map_leaves_no_orphans_or_shared_memory(method):
     out = _run_script(
@@ -682,13 +674,7 @@ def test_ctrl_c_in_map_leaves_no_orphans_or_shared_memory(method):
         after="started",
     )
     assert "interrupted" in out
-    pids = [int(x) for x in out.split("pids", 1)[1].split("\n", 1)[0].split()]
-    me = out.split("me ", 1)[1].split()[0]
-    deadline = time.monotonic() + 10
-    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(_gone(p) for p in pids)
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"ec.{me}-")]
+    assert_workers_and_names_gone(out)
 
 
 def test_pool_left_open_at_exit_is_stopped():

@@ -231,9 +231,8 @@ def test_a_worker_killed_between_two_round_trips_fails_nothing():
 def test_ctrl_c_while_the_caller_receives_leaves_no_orphans_or_shared_memory():
     """Ctrl-C reaches a caller while it advances the stream itself (its item is on its way):
     KeyboardInterrupt, the workers stopped, no shared memory left behind."""
-    import time
 
-    from ctrl_c import ctrl_c_after
+    from ctrl_c import assert_workers_and_names_gone, ctrl_c_after
 
     out = ctrl_c_after(
         """
@@ -271,18 +270,4 @@ def test_ctrl_c_while_the_caller_receives_leaves_no_orphans_or_shared_memory():
     )
     assert "direct True" in out
     assert "interrupted" in out
-    pids = [int(x) for x in out.split("pids", 1)[1].split("\n", 1)[0].split()]
-    me = out.split("me ", 1)[1].split()[0]
-    deadline = time.monotonic() + 10
-    while not all(_gone(pid) for pid in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert all(_gone(pid) for pid in pids)
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(f"ec.{me}-")]
-
-
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
+    assert_workers_and_names_gone(out)

@@ -18,7 +18,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pool_defs as pd
 import pytest
-from easycore.errors import SerializationError, WorkerDiedError
+from easycore.errors import BrokenInitializer, SerializationError, WorkerDiedError
 from easycore.parallel import Pool, PoolExecutor
 
 pytestmark = pytest.mark.timeout(120)
@@ -229,14 +229,6 @@ def test_maxtasksperchild_must_be_a_positive_int(bad: object) -> None:
         Pool(1, maxtasksperchild=bad)  # type: ignore[arg-type]
 
 
-_EXIT_GAP_312 = pytest.mark.xfail(
-    (3, 12) <= sys.version_info < (3, 13),
-    reason="on 3.12 the executor's pending work is dropped at interpreter exit (known gap)",
-    strict=False,
-)
-
-
-@_EXIT_GAP_312
 def test_shutdown_without_wait_and_interpreter_exit_finish_pending_tasks(tmp_path) -> None:  # type: ignore[no-untyped-def]
     import subprocess
     import sys
@@ -409,6 +401,32 @@ def test_a_task_or_result_that_does_not_unpickle_is_a_broken_process_pool(bad: t
         assert ex.submit(pd.square, 4).result(timeout=60) == 16
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("bad", [_ErrorAtUnpickle, _ExitAtUnpickle])
+@pytest.mark.parametrize("how", ["map", "imap", "executor"])
+def test_a_map_item_that_does_not_unpickle_fails_its_own_call_only(bad: type, how: str) -> None:
+    # The stdlib's executor breaks (BrokenProcessPool); here the error is the same, for the
+    # culprit's call only: calls running beside it, and the next ones, go on.
+    items = [1, 2, bad(), 4]
+    with PoolExecutor(2, start_method="fork") as ex:
+        pool = ex.pool
+        beside = pool.map_async(pd.square, range(200), chunksize=7)
+        task = pool.submit(pd.nap, 3, 0.2)
+        with pytest.raises(BrokenProcessPool) as ei:
+            if how == "map":
+                pool.map(pd.square, items)
+            elif how == "imap":
+                list(pool.imap(pd.square, iter(items)))
+            else:
+                list(ex.map(pd.square, items))
+        assert isinstance(ei.value, SerializationError)
+        assert "could not be unpickled in their worker" in str(ei.value)
+        assert beside.get(timeout=60) == [i * i for i in range(200)]
+        assert task.result(timeout=60) == 3
+        assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
+        assert list(pool.imap(pd.square, iter(range(3)))) == [0, 1, 4]
+
+
 def test_a_task_that_does_not_pickle_fails_its_future_with_the_picklers_error() -> None:
     # CPython's test_error_at_task_pickle: submit() returns; the future holds the error.
     with PoolExecutor(2, start_method="fork") as ex:
@@ -420,7 +438,7 @@ def test_a_task_that_does_not_pickle_fails_its_future_with_the_picklers_error() 
         assert ex.submit(pd.square, 4).result(timeout=60) == 16
 
 
-@pytest.mark.parametrize("case", [pytest.param("exit", marks=_EXIT_GAP_312), "atexit-submit"])
+@pytest.mark.parametrize("case", ["exit", "atexit-submit"])
 def test_interpreter_exit_finishes_a_task_and_refuses_one_from_an_exit_hook(case: str) -> None:
     # CPython's test_interpreter_shutdown and test_submit_after_interpreter_shutdown, run on
     # PoolExecutor itself (through the conformance adapter they cannot be: their fresh
@@ -457,3 +475,44 @@ def test_interpreter_exit_finishes_a_task_and_refuses_one_from_an_exit_hook(case
     else:
         assert out == "runtime-error"
         assert "RuntimeError: cannot schedule new futures" in err
+
+
+@pytest.mark.timeout(120)
+def test_work_first_sent_while_the_interpreter_exits_finishes() -> None:
+    # A threading exit hook runs while the interpreter exits, where Python 3.12 starts no
+    # thread: the pool's stream, started there for the first time, reads its input without
+    # its input thread. Registered after the executor's own hook, it runs before it.
+    import subprocess
+
+    script = (
+        f"import sys, threading; sys.path.insert(0, {os.path.dirname(__file__)!r})\n"
+        "import pool_defs as pd\n"
+        "from easycore.parallel import PoolExecutor\n"
+        "ex = PoolExecutor(2, start_method='fork')\n"
+        "def late():\n"
+        "    fs = [ex.submit(pd.square, i) for i in range(5)]\n"
+        "    print(list(ex.map(pd.square, range(5, 8))), [f.result(timeout=60) for f in fs])\n"
+        "threading._register_atexit(late)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], timeout=90, capture_output=True)
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    assert proc.stdout.decode().split("\n")[0] == "[25, 36, 49] [0, 1, 4, 9, 16]"
+
+
+@pytest.mark.timeout(120)
+def test_an_executor_whose_initializer_fails_is_broken(caplog: pytest.LogCaptureFixture) -> None:
+    # As ProcessPoolExecutor: made, then broken; what submit and map raise is a
+    # BrokenProcessPool, caused by the initializer's own error; the error is logged.
+    with caplog.at_level("CRITICAL", logger="concurrent.futures"):
+        ex = PoolExecutor(2, initializer=pd.fail_init, start_method="fork")
+    assert ex._broken
+    assert any("Exception in initializer" in r.getMessage() for r in caplog.records)
+    with ex:
+        for call in (lambda: ex.submit(pd.square, 2), lambda: ex.map(pd.square, [1])):
+            with pytest.raises(BrokenProcessPool) as ei:
+                call()
+            assert isinstance(ei.value, BrokenExecutor)
+            assert isinstance(ei.value, BrokenInitializer)
+            assert isinstance(ei.value.__cause__, pd.CustomError)
+    with PoolExecutor(1, start_method="fork") as ok:
+        assert not ok._broken

@@ -162,11 +162,18 @@ class InputSide:
         input makes on the runner is then seen as one from inside the call)."""
         if self.it is None or not self.read_ahead:
             return
-        self.reader = threading.Thread(
-            target=body, args=(self,), name="easycore-input", daemon=True
-        )
-        threads.append(self.reader)
-        self.reader.start()
+        reader = threading.Thread(target=body, args=(self,), name="easycore-input", daemon=True)
+        self.reader = reader
+        threads.append(reader)
+        try:
+            reader.start()
+        except RuntimeError:
+            # Python 3.12 starts no thread once the interpreter exits (its exit hooks, where
+            # an executor finishes its pending work, run then): the receiving thread reads
+            # the input itself, one item at a time, as with read_ahead=False.
+            threads.remove(reader)
+            self.reader = None
+            self.read_ahead = False
 
     def receiver_sleeps(self) -> bool:
         """The receiving thread is about to sleep on the output queue: it says so (the

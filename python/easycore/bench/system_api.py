@@ -116,6 +116,25 @@ def run_consumer(hooks: type[HookSet], results: Iterable[Any]) -> Any:
     return hooks.consumer_end(cfg)
 
 
+@contextlib.contextmanager
+def pool_calls(
+    pool: Any, work: Callable[[Any], Any], job: Job, chunksize: int | None
+) -> Iterator[Call]:
+    """Yields ``call(data)``: ``work`` over ``data`` through ``pool.imap`` (ordered jobs) or
+    ``pool.imap_unordered`` with ``chunksize``, the consumer hooks run in the calling
+    process; closes and joins ``pool`` after (any pool with the stdlib's ``Pool`` API)."""
+
+    def call(data: Iterable[Any]) -> Any:
+        imap = pool.imap if job.ordered else pool.imap_unordered
+        return run_consumer(job.hooks, imap(work, data, chunksize))
+
+    try:
+        yield call
+    finally:
+        pool.close()
+        pool.join()
+
+
 # ---------------------------------------------------------------------------------------
 # runners
 

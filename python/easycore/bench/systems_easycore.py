@@ -7,11 +7,19 @@ from __future__ import annotations
 import contextlib
 import importlib
 import multiprocessing.util
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import easycore.bench.reference as reference
-from easycore.bench.system_api import Call, HookSet, Job, RunnerSystem, TunableSystem, run_consumer
+from easycore.bench.system_api import (
+    Call,
+    HookSet,
+    Job,
+    RunnerSystem,
+    TunableSystem,
+    pool_calls,
+    run_consumer,
+)
 from easycore.bench.workloads import torch_available
 from easycore.parallel import context as pool_context
 
@@ -148,14 +156,5 @@ class EasycorePoolSystem(TunableSystem):
     def session(self, job: Job) -> Iterator[Call]:
         pool_cls = importlib.import_module(self._module(job)).Pool
         pool = pool_cls(list(job.devices), initializer=_ec_pool_init, initargs=(job.hooks,))
-        chunksize = self._chunksize(job)
-
-        def call(data: Iterable[Any]) -> Any:
-            imap = pool.imap if job.ordered else pool.imap_unordered
-            return run_consumer(job.hooks, imap(_ec_pool_work, data, chunksize))
-
-        try:
+        with pool_calls(pool, _ec_pool_work, job, self._chunksize(job)) as call:
             yield call
-        finally:
-            pool.close()
-            pool.join()

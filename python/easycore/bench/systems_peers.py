@@ -13,7 +13,15 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import easycore.bench.reference as reference
-from easycore.bench.system_api import Call, HookSet, Job, System, TunableSystem, run_consumer
+from easycore.bench.system_api import (
+    Call,
+    HookSet,
+    Job,
+    System,
+    TunableSystem,
+    pool_calls,
+    run_consumer,
+)
 from easycore.bench.workloads import torch_available
 
 
@@ -127,17 +135,8 @@ class PoolSystem(TunableSystem):
             initializer=_worker_init,
             initargs=(job.hooks, _device_queue(ctx, job.devices)),
         )
-        chunksize = self._chunksize(job)
-
-        def call(data: Iterable[Any]) -> Any:
-            imap = pool.imap if job.ordered else pool.imap_unordered
-            return run_consumer(job.hooks, imap(_worker_work, data, chunksize))
-
-        try:
+        with pool_calls(pool, _worker_work, job, self._chunksize(job)) as call:
             yield call
-        finally:
-            pool.close()
-            pool.join()
 
 
 class ProcessPoolSystem(System):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import logging
 import multiprocessing
 import threading
 import weakref
@@ -11,7 +12,7 @@ from concurrent.futures import Executor, Future
 from concurrent.futures.process import _RemoteTraceback
 from typing import Any, ParamSpec, TypeVar
 
-from easycore.errors import RunnerClosedError
+from easycore.errors import BrokenInitializer, RunnerClosedError, WorkerError
 from easycore.parallel.pool import Pool
 
 _T = TypeVar("_T")
@@ -85,7 +86,23 @@ class PoolExecutor(Executor):
                 )
             kwargs.setdefault("start_method", "spawn")
             kwargs["maxtasksperchild"] = max_tasks_per_child
-        self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
+        self._broken: str | bool = False  # as ProcessPoolExecutor's: False, or why
+        self._mp_context: multiprocessing.context.BaseContext
+        self._init_error: BaseException | None = None
+        try:
+            self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
+        except WorkerError as e:
+            if initializer is None or e.hook != "producer_init":
+                raise
+            # As ProcessPoolExecutor: the executor is made, broken; its initializer's error
+            # is logged (there by the worker) and raised as the cause of what submit raises.
+            logging.getLogger("concurrent.futures").critical(
+                "Exception in initializer:", exc_info=e
+            )
+            self._broken = f"A process in the process pool failed in its initializer: {e}"
+            self._init_error = e
+            self._mp_context = multiprocessing.get_context(kwargs.get("start_method") or "spawn")
+            return
         # Dropped without shutdown(): no warning; a future's error's cause as the stdlib's.
         self.pool._for_executor(_RemoteTraceback)
         # What ProcessPoolExecutor calls its start method (code written for it reads it).
@@ -97,7 +114,12 @@ class PoolExecutor(Executor):
 
         Returns:
             concurrent.futures.Future: the task's result or exception.
+
+        Raises:
+            BrokenInitializer: the initializer raised (a ``BrokenProcessPool``).
+            RuntimeError: after ``shutdown()``.
         """
+        self._check_broken()
         try:
             return self.pool.submit(fn, *args, **kwargs)
         except RunnerClosedError as e:
@@ -131,6 +153,7 @@ class PoolExecutor(Executor):
             raise ValueError("chunksize must be >= 1.")
         if buffersize is not None and buffersize < 1:
             raise ValueError("buffersize must be None or > 0")
+        self._check_broken()
         try:
             chunk = chunksize if chunksize > 1 else None
             return self.pool.istarmap(fn, zip(*iterables, strict=False), chunk, timeout=timeout)
@@ -140,13 +163,14 @@ class PoolExecutor(Executor):
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Accepts no new work; with ``wait``, waits for pending work and the workers.
         Without it, pending work still finishes (at interpreter exit too, as in
-        ``concurrent.futures``; on Python 3.12 not yet at interpreter exit: work still pending
-        when the interpreter exits is dropped there).
+        ``concurrent.futures``).
 
         Args:
             wait (bool): wait for pending futures and the workers to finish.
             cancel_futures (bool): cancel the futures no worker has started.
         """
+        if self._init_error is not None:
+            return  # no pool was left running
         pool = self.pool
         if cancel_futures:
             # Those the workers take next count as running (the stdlib's call queue holds as
@@ -155,3 +179,8 @@ class PoolExecutor(Executor):
         pool.close()
         if wait:
             pool.join()
+
+    def _check_broken(self) -> None:
+        """Raises :class:`BrokenInitializer` if the initializer failed."""
+        if self._init_error is not None:
+            raise BrokenInitializer(self._broken) from self._init_error

@@ -56,6 +56,12 @@ def task_error(report: dict[str, Any], cause: type = RemoteTraceback) -> BaseExc
             f"the task could not be unpickled in its worker: {report.get('message')}",
             cause(report.get("traceback", "")),
         )
+    if report.get("kind") == "unpickle_items":
+        return broken_transfer(
+            f"input items from {report.get('item')} of this call (one chunk) could not be "
+            f"unpickled in their worker: {report.get('message')}",
+            cause(report.get("traceback", "")),
+        )
     exc = _loads_or_none(report.get("exc")) if report.get("kind") == "hook" else None
     if not isinstance(exc, BaseException):
         return worker_error(report)

@@ -202,7 +202,7 @@ class StreamService:
                 False,
                 None,
                 True,
-                pack=feed.pack,
+                pack=runner.guarded_pack(feed.pack),
                 cost=self._cost_per_value,
                 runs=feed,
             )
