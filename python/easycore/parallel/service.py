@@ -505,11 +505,8 @@ class StreamService:
         cost = self.item_cost
         if cost <= 0:
             return 1
-        # At most a quarter of the job's bound per worker (its window, or fewer by bytes per
-        # result), so every worker gets chunks and large results are not held back a chunk
-        # at a time: a chunk's results take a pooled segment each from the first one made
-        # until their caller drops the last.
-        most = max(1, min(job.window, job.limit()) // (4 * len(self.runner.devices)))
+        # At most a quarter of the job's window per worker, so every worker gets chunks.
+        most = max(1, job.window // (4 * len(self.runner.devices)))
         return max(1, min(int(_TARGET_CHUNK_S / cost), most))
 
 
