@@ -325,7 +325,7 @@ def test_pool_on_ray():
         assert pool.map(str, [1, 2]) == ["1", "2"]
         # Actors are not processes of this machine: no local handles to list.
         assert pool._processes == 2
-        with pytest.raises(NotImplementedError, match="not as processes of this machine"):
+        with pytest.raises(NotImplementedError, match="not processes of this machine"):
             pool.worker_processes()
     with Pool(backend="ray") as pool:
         assert len(pool.devices) == 2  # one worker per CPU of the cluster

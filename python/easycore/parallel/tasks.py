@@ -490,16 +490,11 @@ class TaskHooks(engine.BaseRunner):
         return self._workers
 
     def worker_processes(self) -> list[Any]:
-        """The handles of the producer processes now started, by producer index (empty
-        while they are stopped): what the engine itself waits on and stops.
-
-        Raises:
-            NotImplementedError: the producers are not processes of this machine (Ray).
-        """
+        """The producer processes now started, by index (empty while stopped); raises
+        ``NotImplementedError`` for a remote backend's producers (not local processes)."""
         if self._remote is not None:
             raise NotImplementedError(
-                "the workers run elsewhere (a remote backend's actors), not as processes of "
-                "this machine: they have no local process handles"
+                "the workers are a remote backend's actors, not processes of this machine"
             )
         workers = self._workers
         if workers is None or workers.closed:
