@@ -18,7 +18,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pool_defs as pd
 import pytest
-from easycore.errors import SerializationError, WorkerDiedError
+from easycore.errors import BrokenInitializer, SerializationError, WorkerDiedError
 from easycore.parallel import Pool, PoolExecutor
 
 pytestmark = pytest.mark.timeout(120)
@@ -512,6 +512,7 @@ def test_an_executor_whose_initializer_fails_is_broken(caplog: pytest.LogCapture
             with pytest.raises(BrokenProcessPool) as ei:
                 call()
             assert isinstance(ei.value, BrokenExecutor)
+            assert isinstance(ei.value, BrokenInitializer)
             assert isinstance(ei.value.__cause__, pd.CustomError)
     with PoolExecutor(1, start_method="fork") as ok:
         assert not ok._broken

@@ -279,6 +279,13 @@ class WorkerDiedError(EasycoreError, BrokenProcessPool):
 RUNNER_CLOSED = "The runner was closed; call activate() to restart it"
 
 
+class BrokenInitializer(EasycoreError, BrokenProcessPool):
+    """A :class:`~easycore.parallel.PoolExecutor` whose ``initializer`` raised in a worker is
+    broken, as a ``ProcessPoolExecutor`` is: ``submit`` and ``map`` raise this
+    ``BrokenProcessPool``, with the initializer's own error (the original type, the remote
+    traceback as its ``__cause__``) as ``__cause__``."""
+
+
 class SerializationError(EasycoreError, TypeError, pickle.PicklingError, MaybeEncodingError):  # type: ignore[misc]
     """An item or result could not be pickled or unpickled on its way between processes.
 
@@ -308,6 +315,7 @@ class RemoteTraceback(Exception):
 
 
 __all__ = [
+    "BrokenInitializer",
     "EasycoreError",
     "EasycoreOSError",
     "EasycoreTimeoutError",

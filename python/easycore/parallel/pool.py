@@ -47,6 +47,7 @@ from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
 import easycore.parallel.calls as calls
+from easycore.errors import InvalidArgument
 from easycore.parallel.feed import _ONE, _STAR
 from easycore.parallel.functions import pickle_args, portable
 from easycore.parallel.poolbase import _keep, _PoolBase
@@ -102,8 +103,15 @@ class Pool(_PoolBase):
             past it a ``TimeoutError`` is raised inside it (a timer of the worker process),
             which stops it and fails that item's call or future only; the worker goes on.
             Python code and interruptible waits stop; a C call that never returns to Python
-            does not. Local workers only (ignored under Ray). Costs a few microseconds per
+            does not: one still running ``task_timeout_grace`` seconds later is stopped by
+            killing its worker (the pool's workers are then replaced; only that task
+            fails). Local workers only (ignored under Ray). Costs a few microseconds per
             item; off by default.
+        task_timeout_grace (float): seconds a task may run past ``task_timeout`` before its
+            worker is killed (default 1.0; 0 kills it as soon as the timeout passes, which
+            leaves a task no time to handle its ``TimeoutError``). A number at least 0:
+            ``TypeError`` otherwise, :class:`~easycore.errors.InvalidArgument` (a
+            ``ValueError``) if negative or not finite.
         window (int, optional): most items of one ``map``/``imap`` read ahead of what its
             caller consumed, and most items in flight; default 65536, so that cheap items
             travel in large batches and are read in long runs. Items in flight and results
@@ -267,7 +275,9 @@ class Pool(_PoolBase):
 
         The function and arguments are pickled here: where that fails, the future fails at
         once with the pickler's own exception (as ``concurrent.futures`` and
-        ``multiprocessing.Pool.apply_async`` report it), with a note.
+        ``multiprocessing.Pool.apply_async`` report it; for a function that neither pickle
+        nor cloudpickle can send, a :class:`~easycore.errors.SerializationError`, which is a
+        ``PicklingError``), with a note.
         Cancelling the future before a worker takes it means it never runs. Do not wait on
         the pool's results from a future's done-callback (it runs in the pool's result
         thread); submitting from one is fine.
@@ -281,10 +291,12 @@ class Pool(_PoolBase):
 
         """
         self._check_open()
-        f = portable(fn, self.start_method, self._bodies)
         fut: Future[_T] = Future()
         try:
+            f = portable(fn, self.start_method, self._bodies)
             blob = pickle_args((f, args, kwargs))
+        except InvalidArgument:
+            raise  # not a callable
         except Exception as e:
             # As the stdlib's pools: the pickler's own exception fails this future.
             try:

@@ -15,11 +15,14 @@ A pool is three parts, each with its own module and interface:
 
 from __future__ import annotations
 
+import math
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from multiprocessing import pool as stdlib_pool
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any
 
@@ -30,6 +33,7 @@ from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import progress_bar
 from easycore.errors import EasycoreError, InvalidArgument, PoolClosedError
 from easycore.parallel.functions import Bodies, portable
+from easycore.parallel.hardstop import GRACE_S
 from easycore.parallel.job import _Job
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.service import StreamService
@@ -61,6 +65,20 @@ def _workers(
     if isinstance(devices, int) and devices < 1:
         raise InvalidArgument(f"devices must be at least 1, got {devices}")
     return devices
+
+
+def _grace(value: Any) -> float:
+    """``task_timeout_grace`` checked: a number of seconds, at least 0 and finite.
+
+    Raises:
+        TypeError: not a number (a bool is not one).
+        InvalidArgument: negative, infinite or NaN (a ``ValueError``).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"task_timeout_grace must be a number of seconds, got {value!r}")
+    if not 0 <= value < math.inf:
+        raise InvalidArgument(f"task_timeout_grace must be at least 0 and finite, got {value!r}")
+    return float(value)
 
 
 def _finalize_pool(
@@ -99,6 +117,7 @@ class _PoolBase:
         worker_exit: Callable[[], Any] | None = None,
         init_timeout: float | None = None,
         task_timeout: float | None = None,
+        task_timeout_grace: float = GRACE_S,
         window: int | None = None,
         queue_scale: float = 3.0,
         close_timeout: float = 10.0,
@@ -120,6 +139,7 @@ class _PoolBase:
         init = None if initializer is None else portable(initializer, how)
         if task_timeout is not None and not task_timeout > 0:
             raise InvalidArgument(f"task_timeout must be positive or None, got {task_timeout!r}")
+        grace = _grace(task_timeout_grace)
         self._bodies = Bodies()  # large function bodies, stored once (see functions.py)
         # Calls abandoned while their items are queued: the workers skip those items.
         self._abandoned = None if remote else abandoned_ring()
@@ -139,6 +159,7 @@ class _PoolBase:
             item_seeds=seed_per_item,
             init_timeout=init_timeout,
             task_timeout=task_timeout,
+            task_timeout_grace=grace,
             worker_exit=None if worker_exit is None else portable(worker_exit, how),
             # Local workers retire one by one, replaced in the running stream; a remote
             # backend's are replaced together, by a new stream (set_bounds below).
@@ -197,6 +218,62 @@ class _PoolBase:
         share one stream, so the figures are those of the stream so far (since the workers
         last (re)started: a failure restarts them), all calls and futures together."""
         return self._stream.stats
+
+    def worker_processes(self) -> list[Any]:
+        """The worker processes now started, by worker index: the handles the pool itself
+        waits on and stops (``pid``, ``name``, ``sentinel``, ``exitcode``, ``is_alive()``,
+        ``join(timeout)``, ``terminate()``, ``kill()``): ``multiprocessing`` processes, or
+        under fork the same view of a process that the pool's zygote forked.
+
+        Empty while the workers are stopped: once the pool was joined or terminated, and
+        from a worker's death until the pool restarts its workers (at its next call). A worker
+        that died is listed, not alive, until the pool has seen the death. Killing a worker
+        through its handle is a worker's death (see :class:`Pool`).
+
+        Returns:
+            list: one handle per worker (a new list each time).
+
+        Raises:
+            NotImplementedError: under Ray (the workers are actors, not local processes).
+        """
+        return self._stream.runner.worker_processes()
+
+    @property
+    def service_thread(self) -> threading.Thread | None:
+        """threading.Thread: the pool's service thread, which routes results to their calls
+        and futures (done-callbacks run in it) and stops the workers at the end; it ends once
+        the pool is closed and its work is done, or terminated, or dropped."""
+        return self._stream.thread
+
+    # ----- the stdlib's private attributes, which code written for multiprocessing reads -----
+
+    @property
+    def _pool(self) -> list[Any]:
+        """``multiprocessing.Pool._pool``: the worker processes (:meth:`worker_processes`)."""
+        return self.worker_processes()
+
+    @property
+    def _processes(self) -> int:
+        """``multiprocessing.Pool._processes``: how many workers the pool runs."""
+        return len(self.devices)
+
+    @property
+    def _state(self) -> str:
+        """``multiprocessing.Pool._state``: ``"RUN"``, ``"CLOSE"`` or ``"TERMINATE"``
+        (``multiprocessing.pool``'s constants). Setting it, as CPython's own tests do to make
+        a dropped pool warn, only sets whether the pool's finalizer counts it as left open
+        (``"RUN"``: a ``ResourceWarning`` when it is collected); a closed pool stays closed."""
+        schedule = self._schedule
+        if schedule.terminated:
+            return stdlib_pool.TERMINATE
+        return stdlib_pool.CLOSE if schedule.closing else stdlib_pool.RUN
+
+    @_state.setter
+    def _state(self, state: str) -> None:
+        states = (stdlib_pool.RUN, stdlib_pool.CLOSE, stdlib_pool.TERMINATE)
+        if state not in states:
+            raise ValueError(f"a pool's state is one of {states}, got {state!r}")
+        self._open_flag[0] = state == stdlib_pool.RUN
 
     def __repr__(self) -> str:
         schedule = self._schedule
