@@ -6,7 +6,8 @@ input item, or a pool's work item (a submitted task, or a chunk of a call's item
 ``multiprocessing.Pool`` counts tasks), at the cost of one clock read and one comparison per
 item in the producer (about 0.1 µs). Where that would be a large share of an item's time
 (the producer's last batch took under :data:`TIME_EACH_S` an item, and this batch holds more
-than a few items), the batch is timed as a whole instead: an entry of ``count`` items. An
+than a few items; a producer's first batch is always timed item by item), the batch is
+timed as a whole instead: an entry of ``count`` items. An
 item (or batch) that enters the producer's top ``SLOWEST`` of the call is sent with its
 batch's results (a few dozen bytes) and merged in the caller.
 """

@@ -258,7 +258,9 @@ class ProducerCore:
         self.exit_value: Any = None  # what producer_end returned
         self.init_s = 0.0  # seconds of the set-up and producer_init
         self.slow = SlowItems()  # the call's slowest items
-        self.item_s = 0.0  # seconds an item took in the last batch (TIME_EACH_S)
+        # Seconds an item took in the last batch (TIME_EACH_S); unknown (inf) before the
+        # first: a first batch is timed item by item, whatever its items cost.
+        self.item_s = float("inf")
 
     # ----- start and end -----
 

@@ -257,6 +257,12 @@ class _PoolBase:
         """``multiprocessing.Pool._processes``: how many workers the pool runs."""
         return len(self.devices)
 
+    def _repopulate_pool(self) -> None:
+        """``multiprocessing.Pool._repopulate_pool()``: starts workers in the places of those
+        that exited. The pool replaces a worker that retires (``maxtasksperchild``) or is
+        stopped (``task_timeout``) itself, as it goes, and restarts its workers after a death
+        at its next call: nothing is left to do here."""
+
     @property
     def _state(self) -> str:
         """``multiprocessing.Pool._state``: ``"RUN"``, ``"CLOSE"`` or ``"TERMINATE"``
