@@ -85,7 +85,7 @@ def result_chunks(
     try:
         while True:
             step = WAIT
-            with job.cv:
+            with job.lock:
                 while True:
                     if job.error is not None and job.next_index >= job.error_at:
                         raise job.error
@@ -131,7 +131,18 @@ def result_chunks(
                     job.consumed += n
                     full = full and job.has_room()
             if step == READ:
-                _read_and_send(job, scheduler)
+                own = _read_and_send(job, scheduler)
+                if own is None:
+                    continue  # it comes the common way (a result, or an error)
+                with job.lock:
+                    n = len(own)
+                    job.consumed += n
+                    if job.ordered:
+                        job.next_index += n
+                if bar is not None:
+                    bar.update(n)
+                yield _handed_out(own)
+                del own
                 continue
             if step == ASK:
                 scheduler.want_input()
@@ -154,18 +165,22 @@ def result_chunks(
         close()
 
 
-def _read_and_send(job: _Job, scheduler: Scheduler) -> None:
+def _read_and_send(job: _Job, scheduler: Scheduler) -> list[Any] | None:
     """The caller reads the next item of its call's input itself and sends it (receiving its
-    result too, if the stream lets it: ``Scheduler.send_direct``)."""
+    result too, if the stream lets it: ``Scheduler.send_direct``). Returns the item's
+    results if they came straight back to this thread (``job.own``), else None: they come
+    the common way (through the job, as an error does)."""
     got = job.read_direct()
     if job.handed_back:
         job.handed_back = False
         scheduler.notify()  # the feed reads the input again
     if got is None:
         scheduler.wake_feed()  # the input ended or failed (a closing pool may end)
-        return
+        return None
     x, index = got
-    scheduler.send_direct((job.jid, index, job.fn, [x], job.mode), job)
+    scheduler.send_direct((job.jid, index, job.fn_wire(), [x], job.mode), job)
+    own, job.own = job.own, None
+    return own
 
 
 def collect(

@@ -310,13 +310,14 @@ class StreamService:
                 self._health.release()
             if died:
                 return False  # the service thread finds out (a quiet restart)
-            if not call.input.send_direct([item]):
+            if not call.input.send_direct([item], now=True):
                 return False
             jid = job.jid
+            index = item[1]
             route = self._route
-            while not job.has_result():
+            while job.own is None and not job.has_result():
                 try:
-                    results = next(turn.chunks)
+                    got = _receive(turn)
                 except StopIteration:
                     left = Left(ended=True)
                     break
@@ -326,14 +327,26 @@ class StreamService:
                 except BaseException:  # Ctrl-C in this caller: it stops the pool
                     left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
                     raise
-                for r in results:
-                    if r is None or r[0] != jid:
-                        left = Left(handed=results)  # the service thread routes others'
-                        break
-                else:
-                    route(results)
-                    continue
-                break
+                for k, results in enumerate(got):
+                    if len(results) == 1 and job.own is None:
+                        r = results[0]
+                        if r is not None and r[0] == jid and r[2] and r[1] == index:
+                            # Its own result: straight to the caller (this thread).
+                            out, secs = r[3]
+                            job.own = out
+                            self._learn_cost(secs, len(out))
+                            continue
+                    for r in results:
+                        if r is None or r[0] != jid:
+                            # The service thread routes others' results (from here on).
+                            left = Left(handed=[x for rs in got[k:] for x in rs])
+                            break
+                    else:
+                        route(results)
+                        continue
+                    break
+                if left is not None:
+                    break
             wake = left is not None or not call.drained()
             return True
         finally:
@@ -438,7 +451,13 @@ class StreamService:
         if run_jid:
             _deliver(jobs.get(run_jid), run_start, True, run)
         if count:
-            cost = max(seconds / count, 1e-9)  # never 0, which means "not known" (engine)
+            self._learn_cost(seconds, count)
+
+    def _learn_cost(self, seconds: float, count: int) -> None:
+        """``count`` map results came, which took the workers ``seconds``: the cost per item
+        and the room of each job (by bytes per result) follow."""
+        cost = max(seconds / count, 1e-9) if count else 0.0  # never 0 for a known cost
+        if cost:
             prev = self.item_cost
             self.item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
             self._bound_room(count)
@@ -501,6 +520,18 @@ class StreamService:
         # At most a quarter of the job's window per worker, so every worker gets chunks.
         most = max(1, job.window // (4 * len(self.runner.devices)))
         return max(1, min(int(_TARGET_CHUNK_S / cost), most))
+
+
+def _receive(turn: Turn) -> list[list[Any]]:
+    """The next messages' results of the stream that ``turn``'s holder advances: by the
+    call's lean step (``Call.exchange``), else by its receiving loop (which looks at the
+    producers' health, and ends the call on an error: an error of the lean step is thrown
+    into it)."""
+    try:
+        got = turn.call.exchange(TICK)
+    except BaseException as e:  # noqa: BLE001 - the loop ends the call and raises it
+        return [turn.chunks.throw(e)]
+    return got if got else [next(turn.chunks)]
 
 
 def _deliver(job: _Job | None, index: int, ok: bool, value: Any) -> None:

@@ -54,6 +54,10 @@ def mark_abandoned(ring: Any, job: int) -> None:
 _ITEM_SEED: int | None = None  # in producers: the base seed of per-item streams, if asked
 _EXIT: Any = None  # in producers: the pool's worker_exit, if any
 _TASK_LIMIT: float | None = None  # in producers: the pool's task_timeout, if any
+# In producers: the functions of work items that carry their function pickled (a caller's
+# own round trips, see ``_Job.fn_wire``), by pickle: unpickled once, not once per item.
+_FUNCTIONS: dict[bytes, Any] = {}
+_FUNCTIONS_MAX = 64
 
 
 def context() -> Any:
@@ -217,6 +221,13 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
             raise
         except BaseException as e:  # noqa: BLE001 - SystemExit too: this chunk's error
             return job, index, False, error_report("task", device, index, e, "unpickle_items")
+    if type(fn) is bytes:
+        try:
+            fn = _function(fn)
+        except Interrupted:
+            raise
+        except BaseException as e:  # noqa: BLE001 - SystemExit too: this chunk's error
+            return job, index, False, error_report("task", device, None, e, "unpickle_task")
     out: list[Any] = []
     try:
         seed = _ITEM_SEED
@@ -257,6 +268,17 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
         if out:
             report["partial"] = out  # the chunk's results before the failing item
         return job, index, False, report
+
+
+def _function(blob: bytes) -> Any:
+    """The function pickled in ``blob`` (unpickled once per worker; a few are kept)."""
+    fn = _FUNCTIONS.get(blob)
+    if fn is None:
+        fn = pickle.loads(blob)
+        if len(_FUNCTIONS) >= _FUNCTIONS_MAX:
+            _FUNCTIONS.clear()
+        _FUNCTIONS[blob] = fn
+    return fn
 
 
 def _run_each(fn: Any, arg: list[Any], mode: int, job: int, index: int, out: list[Any]) -> None:

@@ -20,7 +20,7 @@ parked (a worker died, say).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator
 from typing import Any
 
 from easycore._engine.lifecycle import TICK
@@ -47,10 +47,13 @@ class Left:
 class Turn:
     """The right to advance one stream's generator ``chunks`` of ``call`` (see the module)."""
 
-    def __init__(self, call: Any, chunks: Iterator[list[Any]]) -> None:
+    def __init__(self, call: Any, chunks: Generator[list[Any], None, None]) -> None:
         self.call = call
         self.chunks = chunks
-        self.cond = threading.Condition(threading.Lock())  # guards the fields below
+        # Guards the fields below; a caller's take and give-back hold it directly (a C-level
+        # ``with``), the service thread waits on ``cond``.
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
         self.parked = False  # the service thread leaves the stream to callers
         self.caller = False  # a caller holds the turn
         self.wakes = 0  # bumped to end the service thread's park
@@ -67,7 +70,7 @@ class Turn:
         w = self.wakes
         if not ok():
             return False
-        with self.cond:
+        with self.lock:
             if self.wakes != w or self.closed:
                 return False
             self.parked = True
@@ -92,7 +95,7 @@ class Turn:
 
     def wake(self) -> None:
         """Ends the service thread's park (any thread): there is work for it."""
-        with self.cond:
+        with self.lock:
             self.wakes += 1
             if self.parked:
                 self.cond.notify_all()
@@ -100,7 +103,7 @@ class Turn:
     def close(self) -> None:
         """The stream is over: no caller takes the turn from now on; waits for one that
         holds it to give it back."""
-        with self.cond:
+        with self.lock:
             self.closed = True
             self.parked = False
             while self.caller:
@@ -110,7 +113,7 @@ class Turn:
 
     def try_take(self) -> bool:
         """Takes the turn if the service thread is parked and nobody holds it."""
-        with self.cond:
+        with self.lock:
             if not self.parked or self.caller or self.left is not None or self.closed:
                 return False
             self.caller = True
@@ -120,7 +123,7 @@ class Turn:
         """Gives the turn back, leaving ``left`` to the service thread; with ``wake`` (work
         on its way) the service thread takes the stream back. A parked service thread
         with nothing to do is not woken: the next round trip finds it parked still."""
-        with self.cond:
+        with self.lock:
             self.caller = False
             if left is not None:
                 self.left = left
