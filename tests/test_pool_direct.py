@@ -271,3 +271,130 @@ def test_ctrl_c_while_the_caller_receives_leaves_no_orphans_or_shared_memory():
     assert "direct True" in out
     assert "interrupted" in out
     assert_workers_and_names_gone(out)
+
+
+# ----- apply: a caller that waits for its own task -----
+
+
+def test_apply_in_a_loop_is_sent_and_received_by_its_caller():
+    with Pool(2) as p:
+        assert [p.apply(pd.square, (i,)) for i in range(N)] == [i * i for i in range(N)]
+        assert p.apply(pd.kwargs_fn, (1,), {"b": 2, "c": 3}) == 6
+        # The first apply goes the common way; after it the service thread leaves the
+        # stream to the next ones (a loaded machine may interleave differently: > 0).
+        assert p.stats.direct_items > 0
+        assert p.map(pd.square, range(1000)) == [x * x for x in range(1000)]
+
+
+def test_apply_errors_on_the_direct_path_fail_that_call_only():
+    with Pool(1) as p:
+        for i in range(50):
+            assert p.apply(pd.square, (i,)) == i * i
+        before = p.stats.direct_items
+        for i in range(20):
+            with pytest.raises(pd.CustomError, match=f"custom {i}") as info:
+                p.apply(pd.raise_on, (i, i, "custom"))
+            assert info.value.code == i
+            assert p.apply(pd.square, (i,)) == i * i  # the pool goes on
+        assert p.stats.direct_items > before
+        with pytest.raises(Exception, match="pickle|Pickl"):
+            p.apply(pd.call_it, (lambda: threading.Lock(),))  # a result that cannot travel
+        assert p.apply(pd.square, (3,)) == 9
+
+
+def test_a_worker_killed_between_two_applies_fails_nothing():
+    """As for a pool that idles: the next apply finds the death before it sends, and the
+    workers restart for it."""
+    with Pool(1) as p:
+        out = []
+        for i in range(200):
+            out.append(p.apply(pd.square, (i,)))
+            if i in (60, 140):
+                victim = p._stream.runner._workers.procs[0]
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.join(30)
+        assert out == [i * i for i in range(200)]
+        assert p.stats.direct_items > 0
+
+
+def test_a_worker_dying_during_a_direct_apply_fails_that_apply_and_the_pool_goes_on():
+    from easycore.errors import WorkerDiedError
+
+    with Pool(1) as p:
+        for i in range(50):
+            assert p.apply(pd.square, (i,)) == i * i
+        with pytest.raises(WorkerDiedError):
+            p.apply(pd.die_on, (7, 7))
+        assert [p.apply(pd.square, (i,)) for i in range(50)] == [i * i for i in range(50)]
+
+
+def test_apply_beside_a_direct_loop_submits_and_maps_from_other_threads():
+    got: queue.Queue[int] = queue.Queue()
+    errors: list[BaseException] = []
+    callback_threads: list[str] = []
+
+    def applier() -> None:
+        try:
+            for k in range(150):
+                assert p.apply(pd.square, (k,)) == k * k
+        except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+            errors.append(e)
+
+    def submitter() -> None:
+        try:
+            for k in range(60):
+                fut = p.submit(pd.square, k)
+                fut.add_done_callback(
+                    lambda _f: callback_threads.append(threading.current_thread().name)
+                )
+                assert fut.result(timeout=60) == k * k
+                assert p.map(pd.square, range(k)) == [x * x for x in range(k)]
+        except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+            errors.append(e)
+
+    with Pool(2) as p:
+        threads = [threading.Thread(target=applier), threading.Thread(target=submitter)]
+        for t in threads:
+            t.start()
+        out: list[int] = []
+        _loop(p.imap(pd.same, _feedback(N, got)), got, out)
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads) and errors == []
+        assert out == list(range(N))
+        # Others' results that a caller received are routed by the service thread.
+        assert set(callback_threads) <= {"easycore-pool", threads[1].name}
+
+
+def test_ctrl_c_during_a_direct_apply_reaches_the_caller_and_the_pool_goes_on():
+    from ctrl_c import assert_workers_and_names_gone, ctrl_c_after
+
+    out = ctrl_c_after(
+        """
+        import os
+        import pool_defs as pd
+        from easycore.parallel import Pool
+
+        if __name__ == "__main__":
+            p = Pool(2, start_method="fork", close_timeout=300)
+            print("pids", *[w.pid for w in p._stream.runner._workers.procs], flush=True)
+            print("me", os.getpid(), flush=True)
+            for i in range(100):
+                assert p.apply(pd.square, (i,)) == i * i
+            print("direct", p.stats.direct_items > 0, flush=True)
+            print("started", flush=True)
+            try:
+                p.apply(pd.wait_for, ("/nonexistent", 1, 600))
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+            print("after", p.apply(pd.square, (3,)), flush=True)
+            p.terminate()
+            p.join()
+        """,
+        after="started",
+        limit=60,
+    )
+    assert "direct True" in out
+    assert "interrupted" in out
+    assert "after 9" in out
+    assert_workers_and_names_gone(out)

@@ -59,7 +59,19 @@ from easycore.errors import (
     WorkerDiedError,
 )
 
-__all__ = ["Call", "Learned", "StreamHost", "StreamSettings", "progress_bar"]
+__all__ = [
+    "Call",
+    "Learned",
+    "StreamHost",
+    "StreamSettings",
+    "WaitInterrupted",
+    "progress_bar",
+]
+
+
+class WaitInterrupted(KeyboardInterrupt):
+    """Ctrl-C while :meth:`Call.exchange` waited for results: nothing was received, so the
+    call goes on (its receiving loop takes it up) unless the caller ends it."""
 
 
 def _ema(prev: float, x: float, weight: float = 0.3) -> float:
@@ -305,7 +317,8 @@ class Call:
         delivered. ``[]``: none came (a wake-up, or the wait ran out); None: the loop has
         other work first (an error to raise, an ordered call, the call stopped). Either way
         the loop itself (``next`` of :meth:`iterate_chunks`) goes on from there; what this
-        raises must be thrown into the loop, which ends the call as for its own errors."""
+        raises must be thrown into the loop, which ends the call as for its own errors,
+        except :class:`WaitInterrupted` (Ctrl-C while it waited: nothing was taken)."""
         inp = self.input
         if self.reorder is not None or inp.abort:
             return None
@@ -320,6 +333,8 @@ class Call:
             msgs = self.workers.receive(64, timeout=wait)
         except (QueueEmpty, QueueClosed):
             return []  # the loop looks at the producers' health, or says the queue closed
+        except KeyboardInterrupt:
+            raise WaitInterrupted from None
         finally:
             inp.receiver_woke()
         out: list[list[Any]] = []

@@ -191,6 +191,17 @@ class Scheduler:
         if stream is None or not stream.round_trip(item, job):
             self.resend([item])
 
+    def begin_task(self, fut: Future[Any]) -> int | None:
+        """A submitted task that its caller sends itself (``Pool.apply``, see
+        ``StreamService.call_task``): its future runs and it counts as on its way; returns
+        its id, or None (nothing done) if the pool is closing or the future was cancelled."""
+        with self._cv:
+            if self._closing or not fut.set_running_or_notify_cancel():
+                return None
+            tid = next(self._ids)
+            self._running[tid] = fut
+        return tid
+
     def notify(self) -> None:
         """Wakes whoever waits for work (a job's caller made room, say)."""
         with self._cv:
