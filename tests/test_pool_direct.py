@@ -273,42 +273,63 @@ def test_ctrl_c_while_the_caller_receives_leaves_no_orphans_or_shared_memory():
     assert_workers_and_names_gone(out)
 
 
-# ----- apply: a caller that waits for its own task -----
+# ----- apply and submit(...).result(): a caller that waits for its own task -----
+
+WAYS = ["apply", "submit"]
 
 
-def test_apply_in_a_loop_is_sent_and_received_by_its_caller():
+def _call(p: Pool, way: str, fn, *args):
+    """``fn(*args)`` through ``p.apply`` or ``p.submit(...).result()``."""
+    if way == "apply":
+        return p.apply(fn, args)
+    return p.submit(fn, *args).result(timeout=60)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_tasks_waited_on_in_a_loop_are_sent_by_their_caller(way):
     with Pool(2) as p:
-        assert [p.apply(pd.square, (i,)) for i in range(N)] == [i * i for i in range(N)]
+        assert [_call(p, way, pd.square, i) for i in range(N)] == [i * i for i in range(N)]
         assert p.apply(pd.kwargs_fn, (1,), {"b": 2, "c": 3}) == 6
-        # The first apply goes the common way; after it the service thread leaves the
-        # stream to the next ones (a loaded machine may interleave differently: > 0).
+        assert p.submit(pd.kwargs_fn, 1, b=2, c=3).result(timeout=60) == 6
+        # apply: the first goes the common way; after it the service thread leaves the
+        # stream to the next ones. submit: sent by its caller whenever nothing is on its
+        # way. (A loaded machine may interleave differently: > 0.)
         assert p.stats.direct_items > 0
         assert p.map(pd.square, range(1000)) == [x * x for x in range(1000)]
 
 
-def test_apply_errors_on_the_direct_path_fail_that_call_only():
+def test_submits_while_tasks_wait_keep_to_the_feed_and_all_complete():
+    with Pool(1) as p:
+        futures = [p.submit(pd.square, i) for i in range(300)]  # the first ones go direct
+        assert [f.result(timeout=60) for f in futures] == [i * i for i in range(300)]
+        assert p.stats.direct_items < 300  # not while others wait (or are on their way)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_task_errors_on_the_direct_path_fail_that_call_only(way):
     with Pool(1) as p:
         for i in range(50):
-            assert p.apply(pd.square, (i,)) == i * i
+            assert _call(p, way, pd.square, i) == i * i
         before = p.stats.direct_items
         for i in range(20):
             with pytest.raises(pd.CustomError, match=f"custom {i}") as info:
-                p.apply(pd.raise_on, (i, i, "custom"))
+                _call(p, way, pd.raise_on, i, i, "custom")
             assert info.value.code == i
-            assert p.apply(pd.square, (i,)) == i * i  # the pool goes on
+            assert _call(p, way, pd.square, i) == i * i  # the pool goes on
         assert p.stats.direct_items > before
         with pytest.raises(Exception, match="pickle|Pickl"):
-            p.apply(pd.call_it, (lambda: threading.Lock(),))  # a result that cannot travel
-        assert p.apply(pd.square, (3,)) == 9
+            _call(p, way, pd.call_it, lambda: threading.Lock())  # a result that cannot travel
+        assert _call(p, way, pd.square, 3) == 9
 
 
-def test_a_worker_killed_between_two_applies_fails_nothing():
-    """As for a pool that idles: the next apply finds the death before it sends, and the
-    workers restart for it."""
+@pytest.mark.parametrize("way", WAYS)
+def test_a_worker_killed_between_two_tasks_fails_nothing(way):
+    """As for a pool that idles: the next task's caller finds the death before it sends,
+    and the workers restart for it."""
     with Pool(1) as p:
         out = []
         for i in range(200):
-            out.append(p.apply(pd.square, (i,)))
+            out.append(_call(p, way, pd.square, i))
             if i in (60, 140):
                 victim = p._stream.runner._workers.procs[0]
                 os.kill(victim.pid, signal.SIGKILL)
@@ -317,15 +338,16 @@ def test_a_worker_killed_between_two_applies_fails_nothing():
         assert p.stats.direct_items > 0
 
 
-def test_a_worker_dying_during_a_direct_apply_fails_that_apply_and_the_pool_goes_on():
+@pytest.mark.parametrize("way", WAYS)
+def test_a_worker_dying_in_a_direct_task_fails_that_task_and_the_pool_goes_on(way):
     from easycore.errors import WorkerDiedError
 
     with Pool(1) as p:
         for i in range(50):
-            assert p.apply(pd.square, (i,)) == i * i
+            assert _call(p, way, pd.square, i) == i * i
         with pytest.raises(WorkerDiedError):
-            p.apply(pd.die_on, (7, 7))
-        assert [p.apply(pd.square, (i,)) for i in range(50)] == [i * i for i in range(50)]
+            _call(p, way, pd.die_on, 7, 7)
+        assert [_call(p, way, pd.square, i) for i in range(50)] == [i * i for i in range(50)]
 
 
 def test_apply_beside_a_direct_loop_submits_and_maps_from_other_threads():

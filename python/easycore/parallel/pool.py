@@ -281,8 +281,11 @@ class Pool(_PoolBase):
         """
         self._check_open()
         fut, blob = self._task(fn, args, kwargs)
-        if blob is not None and not self._schedule.add_task(fut, blob):
-            raise self._closed_error()
+        # Sent by this thread if nothing is on its way (no hand-over to the pool's input
+        # thread), else queued for it.
+        if blob is not None and not self._stream.send_task(fut, blob):
+            if not self._schedule.add_task(fut, blob):
+                raise self._closed_error()
         return fut
 
     def _task(

@@ -191,12 +191,24 @@ class Scheduler:
         if stream is None or not stream.round_trip(item, job):
             self.resend([item])
 
-    def begin_task(self, fut: Future[Any]) -> int | None:
-        """A submitted task that its caller sends itself (``Pool.apply``, see
-        ``StreamService.call_task``): its future runs and it counts as on its way; returns
-        its id, or None (nothing done) if the pool is closing or the future was cancelled."""
+    def begin_task(self, fut: Future[Any], generation: int | None = None) -> int | None:
+        """A submitted task that its caller sends itself (``StreamService.call_task`` and
+        ``send_task``): its future runs and it counts as on its way; returns its id, or None
+        (nothing done) if the pool is closing or the future was cancelled. With
+        ``generation`` (a caller that does not hold the stream), also None unless that
+        stream is the current one, its feed waits for work and no task waits before it."""
         with self._cv:
-            if self._closing or not fut.set_running_or_notify_cancel():
+            if self._closing:
+                return None
+            if generation is not None and (
+                generation != self._generation
+                or not self._feed_waiting
+                or self._tasks
+                or self._resend
+                or len(self._running) >= self._task_window
+            ):
+                return None
+            if not fut.set_running_or_notify_cancel():
                 return None
             tid = next(self._ids)
             self._running[tid] = fut
@@ -351,10 +363,10 @@ class Scheduler:
 
     def settle_task(self, tid: int) -> Future[Any] | None:
         """The future of sent task ``tid``, no longer on its way (None if it was failed
-        meanwhile); wakes the feed, which may send another task."""
+        meanwhile); wakes the feed if a task waits (it may send it now)."""
         fut = self._running.pop(tid, None)
-        if fut is not None and self._feed_waiting:
-            self.wake_feed()  # room for another task
+        if fut is not None and self._feed_waiting and self._tasks:
+            self.wake_feed()  # room for a task that waits for it
         return fut
 
     def take_pending(self, unfinished_only: bool) -> tuple[list[_Job], list[Future[Any]]]:

@@ -134,6 +134,7 @@ class StreamService:
         self.doomed: list[Any] = []  # workers given up on, killed before the others stop
         self.watch: StuckWatch | None = None  # tasks stuck past task_timeout (hardstop.py)
         self.task_wait = 0.0  # when a caller last waited for its task (apply): see call_task
+        self.generation = -1  # the current stream's (see Scheduler.begin_task)
         scheduler.attach(self)
 
     def start(self, owner: Any) -> None:
@@ -215,6 +216,7 @@ class StreamService:
             if self.watch is not None:
                 call.input.sizing.max_batch = 1  # a killed worker loses one work item
             self.call = call
+            self.generation = generation
             scheduler.begin_stream(feed)
             self._n_results = 0
             self._run(call)
@@ -427,6 +429,37 @@ class StreamService:
             return True
         finally:
             turn.give_back(left, wake)
+
+    def send_task(self, fut: Future[Any], blob: bytes) -> bool:
+        """``submit`` while nothing is on its way: the calling thread sends the task itself
+        (no hand-over to the feed's thread), and the service thread receives its result as
+        usual. False: nothing was done (the caller queues the task: the feed sends it)."""
+        call = self.call
+        scheduler = self.scheduler
+        if (
+            call is None
+            or call.abort
+            or self.watch is not None
+            or not scheduler.feed_waiting
+            or not scheduler.direct_ok
+            or not call.drained()
+            or not self._health.acquire(blocking=False)
+        ):
+            return False
+        try:
+            died = self.runner.producer_died()
+        finally:
+            self._health.release()
+        if died:
+            return False  # the feed finds out before it sends (a quiet restart)
+        tid = scheduler.begin_task(fut, self.generation)
+        if tid is None:
+            return False
+        item: _WorkItem = (0, tid, None, blob, _TASK)
+        if not call.input.send_direct([item], now=True):
+            scheduler.resend([item])  # sent by the feed, ahead of other work
+        self.input_coming()  # a parked service thread takes the stream back
+        return True
 
     def serve_end(self) -> None:
         """The service is over: stops the workers and fails what is still pending."""
