@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from easycore.bench import systems as S  # noqa: N812
 from easycore.bench import workloads as W  # noqa: N812
+from easycore.bench.systems_easycore import _ec_pool_init, _ec_pool_work
 from easycore.common.parallel import UnorderedRunner
 from easycore.parallel import Pool
 
@@ -65,11 +66,11 @@ def main() -> None:
     gb = w.amount(n)
     which = args.systems.split(",")
     runner = S.rebase(hooks, UnorderedRunner)(devices=["cpu", "cpu"])
-    pool = Pool(["cpu", "cpu"], initializer=S._ec_pool_init, initargs=(hooks,))
+    pool = Pool(["cpu", "cpu"], initializer=_ec_pool_init, initargs=(hooks,))
     calls: dict[str, Callable[[], Any]] = {
         "runner": lambda: runner(w.make_data(n)),
         "imap": lambda: S.run_consumer(hooks, runner.imap(w.make_data(n))),
-        "pool": lambda: S.run_consumer(hooks, pool.imap_unordered(S._ec_pool_work, w.make_data(n))),
+        "pool": lambda: S.run_consumer(hooks, pool.imap_unordered(_ec_pool_work, w.make_data(n))),
     }
     src = np.ones(256 << 20, np.uint8)
     dst = np.empty_like(src)

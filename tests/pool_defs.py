@@ -190,3 +190,14 @@ def stuck_in_c(x, seconds=300.0):
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGALRM})
     return x
+
+
+def cleans_up(x, seconds):
+    """Waits for the pool's ``task_timeout``, then cleans up for ``seconds`` (in Python, the
+    timer already spent) and returns ``("cleaned", x)``."""
+    try:
+        time.sleep(300)
+    except TimeoutError:
+        time.sleep(seconds)
+        return ("cleaned", x)
+    return ("not stopped", x)

@@ -105,3 +105,17 @@ class EndRecords(UnorderedRunner):
         info = worker_info()
         with open(os.path.join(cfg.dir, f"end-{info.index}"), "w") as f:
             f.write(str(os.getpid()))
+
+
+class SlowInit(Square):
+    """``producer_init`` takes 0.3 s; item 7 takes 0.2 s."""
+
+    @staticmethod
+    def producer_init(device, cfg):
+        time.sleep(0.3)
+
+    @staticmethod
+    def producer_work(device, cfg, data):
+        if data == 7:
+            time.sleep(0.2)
+        return data * data

@@ -313,3 +313,17 @@ class EndValue(Collect):
         from easycore.common.parallel import worker_info
 
         return (worker_info().index, device, cfg.seen)
+
+
+class SlowPair(Collect):
+    """Ordered collect whose items 1500 and 1501 take 0.3 s and 0.2 s; the others 20 µs
+    (long enough to be timed each: see easycore._engine.insights)."""
+
+    @staticmethod
+    def producer_work(device, cfg, data):
+        if data in (1500, 1501):
+            time.sleep(0.3 if data == 1500 else 0.2)
+        t = time.perf_counter()
+        while time.perf_counter() - t < 2e-5:
+            pass
+        return data

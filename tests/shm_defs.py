@@ -151,3 +151,8 @@ class HeldResults(UnorderedRunner):
     @staticmethod
     def consumer_end(cfg):
         return len(cfg.refs), cfg.most_alive
+
+
+def shm_sized(item):
+    """``ShmSized.producer_work`` as a function, for a pool."""
+    return ShmSized.producer_work("cpu", None, item)

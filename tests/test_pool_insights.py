@@ -66,6 +66,39 @@ def test_runner_stats_give_start_up_and_the_slowest_batches():
     assert "producer" in s.summary()
 
 
+@pytest.mark.timeout(120)
+def test_the_slowest_are_tasks_and_items_not_messages():
+    # A runner's batches hold many items by item 1500: each slow item is an entry of its own.
+    with rd.SlowPair(devices=2) as r:
+        assert r(range(2000)) == list(range(2000))
+        top = r.stats.slowest
+    # (Their other items take 20 µs each, so every batch is timed item by item; a busy
+    # machine may stall some of them past 0.2 s, but not four.)
+    alone = {e.item: e for e in top if e.count == 1}
+    assert alone[1500].seconds >= 0.3 and alone[1501].seconds >= 0.2, top
+    # Items of microseconds may be timed per batch (a clock read each would cost them too
+    # much): an entry then names its range of items.
+    with rd.SumSquares(devices=2) as r:
+        assert r(range(50_000)) == sum(x * x for x in range(50_000))
+        top = r.stats.slowest
+    assert top
+    for e in top:
+        what = f"item {e.item}" if e.count == 1 else f"items {e.item}..{e.item + e.count - 1}"
+        assert f"  {what} (producer {e.producer})" in str(e), e
+    # A pool's entries are its tasks: each chunk of a map (as multiprocessing.Pool counts
+    # tasks) or submitted task, named alone, whatever else its message held.
+    with Pool(2, start_method="fork") as pool:
+        pairs = [(i, 0.3 if i == 47 else 0.0) for i in range(200)]
+        assert pool.starmap(pd.nap, pairs, chunksize=10) == list(range(200))
+        futs = [pool.submit(pd.nap, i, 0.2 if i == 3 else 0.0) for i in range(6)]
+        assert [f.result(timeout=60) for f in futs] == list(range(6))
+        s = pool.stats
+    labels = [e.label or "" for e in s.slowest]
+    assert "call 1, items 40..49" in labels, labels
+    assert any(x.startswith("task (call ") for x in labels), labels
+    assert all("; " not in x for x in labels), labels
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.parametrize("method", METHODS)
 def test_a_task_stuck_in_c_is_stopped_by_killing_its_worker_and_fails_alone(method):
@@ -93,3 +126,64 @@ def test_a_task_stuck_in_c_is_stopped_by_killing_its_worker_and_fails_alone(meth
     finally:
         pool.terminate()
         pool.join()
+
+
+@pytest.mark.timeout(150)
+def test_task_timeout_grace_is_how_long_a_stopped_task_may_clean_up():
+    # The task catches its TimeoutError and cleans up for 2 s: within a 60 s grace it ends
+    # on its own (its value is the result); past a 0.2 s one its worker is killed.
+    with Pool(1, task_timeout=0.5, task_timeout_grace=60, start_method="fork") as pool:
+        assert pool.submit(pd.cleans_up, 1, 2.0).result(timeout=100) == ("cleaned", 1)
+    with Pool(1, task_timeout=5.0, task_timeout_grace=0, start_method="fork") as pool:
+        assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]  # 0 is a grace too
+    pool = Pool(1, task_timeout=0.5, task_timeout_grace=0.2, start_method="fork")
+    try:
+        with pytest.raises(PoolTimeoutError) as info:
+            pool.submit(pd.cleans_up, 2, 30.0).result(timeout=100)
+        assert "within 0.2 s more" in str(info.value)
+        assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]  # new workers
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+@pytest.mark.parametrize(
+    ("grace", "error"),
+    [
+        ("1", TypeError),
+        (None, TypeError),
+        (True, TypeError),
+        (-0.5, ValueError),
+        (float("inf"), ValueError),
+        (float("nan"), ValueError),
+    ],
+)
+def test_task_timeout_grace_must_be_a_number_at_least_0(grace, error):
+    with pytest.raises(error, match="task_timeout_grace"):
+        Pool(1, task_timeout=1.0, task_timeout_grace=grace, start_method="fork")
+
+
+def test_a_batch_timed_as_a_whole_is_one_entry_naming_its_items():
+    # What a producer does for items of microseconds (see easycore._engine.insights): one
+    # note for the batch; the caller's entry counts and names its items.
+    from types import SimpleNamespace
+
+    from easycore._engine.insights import SLOWEST, SlowItems, merge_slow
+
+    slow = SlowItems()
+    assert slow.floor(1) == -1.0
+    slow.note(0.004, 100, 100, count=64)
+    for k in range(SLOWEST):
+        slow.note(0.001 * (k + 1), k, k)
+    stats = SimpleNamespace(slowest=[])
+    merge_slow(stats, 1, slow.take())
+    assert slow.take() is None
+    assert [(e.item, e.count) for e in stats.slowest] == [
+        (4, 1),
+        (100, 64),
+        (3, 1),
+        (2, 1),
+        (1, 1),
+    ]
+    assert "items 100..163 (producer 1)" in str(stats.slowest[1])
+    assert "item 4 (producer 1)" in str(stats.slowest[0])

@@ -221,3 +221,30 @@ def test_a_body_whose_arena_is_gone_gives_a_function_that_raises():
     assert functions._load_shared(by_value.key, "ec.no-such-arena", size)() == 100_000
     del by_value
     bodies.clear()
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_exit_that_outlasts_close_timeout_is_terminated():
+    # worker_exit naps 300 s: join() returns after close_timeout, the worker terminated.
+    pool = Pool(1, worker_exit=lambda: pd.nap(1, 300), close_timeout=1, start_method="fork")
+    pid = pool.submit(os.getpid).result(timeout=60)
+    pool.close()
+    pool.join()
+    assert pool.exit_results == [None]  # it never returned
+    assert not os.path.exists(f"/proc/{pid}")  # terminated and reaped
+
+
+@pytest.mark.timeout(180)
+def test_the_closure_loader_bench_runs_both_modes(tmp_path):
+    # benches/closure_loader.py (docs/performance.md): its switch still reaches the pool.
+    import json
+    import subprocess
+    import sys
+
+    bench = os.path.join(os.path.dirname(__file__), "..", "benches", "closure_loader.py")
+    out = tmp_path / "samples.json"
+    args = ["--rounds", "1", "--batches", "3", "--batch", "8", "--mib", "1", "--tiny", "1000"]
+    subprocess.run([sys.executable, bench, *args, "--json", str(out)], check=True, timeout=150)
+    samples = json.loads(out.read_text())["samples"]
+    once, each = samples["per-call once"][0], samples["per-call each"][0]
+    assert once["bytes_per_message"] < 16 * 1024 < (256 << 10) < each["bytes_per_message"]

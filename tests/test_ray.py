@@ -146,6 +146,18 @@ def test_results_match_the_local_runner_exactly():
         assert runner(range(0)) == []  # an empty call
 
 
+def test_stats_give_each_actors_start_up_and_init_and_the_slowest_items():
+    with rd.SlowInit(devices=2, backend="ray") as runner:
+        assert runner(range(40)) == [x * x for x in range(40)]
+        s = runner.stats
+    assert set(s.producer_start_s) == {0, 1} and set(s.producer_init_s) == {0, 1}
+    for i in (0, 1):
+        assert s.producer_init_s[i] >= 0.3  # producer_init slept that long
+        assert s.producer_start_s[i] >= s.producer_init_s[i]
+    assert (s.slowest[0].item, s.slowest[0].count) == (7, 1) and s.slowest[0].seconds >= 0.2
+    assert "start-up" in s.summary()
+
+
 def test_ordered_results_stay_ordered_unordered_ones_all_arrive():
     data = list(range(300))
     with rd.Jitter(devices=2, backend="ray") as runner:

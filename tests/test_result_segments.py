@@ -43,6 +43,40 @@ def test_a_slow_consumer_never_finds_the_pool_full(nbytes):
             assert private == 0, f"{private} of 60 results found the pool full"
 
 
+@pytest.mark.parametrize(
+    ("method", "lazy", "nbytes"),
+    [
+        ("imap_unordered", False, 1 << 20),
+        ("imap", True, 1 << 20),
+        ("imap_unordered", True, (1 << 20) + (100 << 10)),
+    ],
+)
+def test_a_pools_slow_caller_never_finds_the_pool_full(method, lazy, nbytes):
+    # The same for a pool. A job's results count as read ahead of its caller until the
+    # caller has each one: results taken from the job but not handed out yet (the rest of
+    # their chunk) still hold their segments, and the pool must not read more input for
+    # them. A list is sliced into chunks (several results per message); a generator is
+    # read item by item.
+    from easycore.parallel import Pool
+
+    def items(n):
+        pairs = [(i, nbytes) for i in range(n)]
+        return iter(pairs) if lazy else pairs
+
+    with Pool(1, queue_scale=0.5) as p:
+        call = getattr(p, method)
+        list(call(sd.shm_sized, items(40)))
+        for _ in range(2):
+            count = private = 0
+            for i, shared, a in call(sd.shm_sized, items(60)):
+                time.sleep(0.003)
+                assert a.nbytes == nbytes and a[0] == a[-1] == i % 251
+                count += 1
+                private += not shared
+            assert count == 60
+            assert private == 0, f"{private} of 60 results found the pool full"
+
+
 @pytest.mark.parametrize("nbytes", [300 << 10, 1 << 20, 16 << 20, 64 << 20])
 def test_results_in_flight_fit_the_pool(nbytes):
     q = Queue(capacity_bytes=1 << 20, side_budget=96 << 20)

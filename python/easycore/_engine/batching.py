@@ -84,3 +84,9 @@ class Sizing:
         # full is built in private memory and copied (see leases.results_in_flight).
         pooled = leases.results_in_flight(self.out_q, int(largest), self.n) or window
         return max(1, min(window, by_bytes, cached, pooled))
+
+    def pooled_results(self, nbytes: float) -> int | None:
+        """How many results of ``nbytes`` the output pool has segments for, held anywhere
+        between their producer and their consumer (None: no bound, see
+        :func:`~easycore._engine.leases.results_in_flight`)."""
+        return leases.results_in_flight(self.out_q, int(nbytes), self.n)

@@ -1,9 +1,14 @@
-"""Insights beyond the totals of ``runner.stats``: the slowest batches of a call (kept in
+"""Insights beyond the totals of ``runner.stats``: the slowest items of a call (kept in
 each producer, merged in the caller) and a readable summary of a :class:`RunnerStats`.
 
-Cost: one comparison per batch in the producer (its duration is already measured for
-``producer_busy_s``); a batch that enters the producer's top ``SLOWEST`` of the call is sent
-with its results (a few dozen bytes) and merged in the caller. Nothing per item.
+The slowest are timed per item of ``producer_work``, as mpire times each task: a runner's
+input item, or a pool's work item (a submitted task, or a chunk of a call's items as
+``multiprocessing.Pool`` counts tasks), at the cost of one clock read and one comparison per
+item in the producer (about 0.1 µs). Where that would be a large share of an item's time
+(the producer's last batch took under :data:`TIME_EACH_S` an item, and this batch holds more
+than a few items), the batch is timed as a whole instead: an entry of ``count`` items. An
+item (or batch) that enters the producer's top ``SLOWEST`` of the call is sent with its
+batch's results (a few dozen bytes) and merged in the caller.
 """
 
 from __future__ import annotations
@@ -16,20 +21,26 @@ from typing import Any
 # ``stats``: a ``RunnerStats`` (stats.py imports this module).
 RunnerStats = Any
 
-SLOWEST = 5  # how many of the slowest batches a call keeps
+SLOWEST = 5  # how many of the slowest items a call keeps
+# Items that took at least this long on average (in the producer's last batch) are timed
+# each; cheaper ones in a batch as a whole (a clock read an item would cost them up to 40 %).
+TIME_EACH_S = 5e-6
 
 
 @dataclass(frozen=True)
 class SlowTask:
-    """One of the slowest batches of a call (``RunnerStats.slowest``).
+    """One of the slowest items of a call (``RunnerStats.slowest``).
 
     Attributes:
         seconds: how long ``producer_work`` ran on it.
         producer: the producer that ran it (its position in ``devices``).
-        item: the index of its first item in the call.
-        count: its number of items (1: ``seconds`` is that item's own time).
+        item: its index in the call (the pool: its place in the stream; ``label`` says what
+            it was).
+        count: 1: an item's own time (a pool's ``label`` names the input items of a
+            chunk); more: a batch of that many items that take microseconds each, timed as
+            a whole (see the module).
         label: what it was, said by the runner (the pool: ``"call 3, item 17"``,
-            ``"task (call 5)"``), or None.
+            ``"call 3, items 16..31"`` for a chunk, ``"task (call 5)"``), or None.
     """
 
     seconds: float
@@ -47,60 +58,77 @@ class SlowTask:
         return f"{_secs(self.seconds)}  {what} (producer {self.producer})"
 
 
-# In a producer: the runner's label for a batch's items (see describe_batches_with), or None.
-_DESCRIBE: list[Callable[[list[Any]], str | None] | None] = [None]
+# In a producer: the runner's label for one item (see describe_items_with), or None.
+_DESCRIBE: list[Callable[[Any], str | None] | None] = [None]
 
 
-def describe_batches_with(describe: Callable[[list[Any]], str | None] | None) -> None:
-    """In a producer (its set-up): ``describe(items)`` labels each slow batch of this process
-    (the pool names the call and items, or the task); None: no label."""
+def describe_items_with(describe: Callable[[Any], str | None] | None) -> None:
+    """In a producer (its set-up): ``describe(item)`` labels each slow item of this process
+    (the pool names the call and items of a chunk, or the task); None: no label."""
     _DESCRIBE[0] = describe
 
 
-class SlowBatches:
-    """A producer's slowest batches of the call being run: :meth:`note` is called once per
-    batch, and returns what to send to the caller (a batch that entered the top
-    ``SLOWEST``), else None."""
+class SlowItems:
+    """A producer's slowest items of the call being run. The producer asks :meth:`floor` once
+    per batch, times each item, and calls :meth:`note` for an item that took longer than the
+    floor; :meth:`take` hands what entered the top ``SLOWEST`` since the last batch to the
+    caller (None if nothing)."""
 
     def __init__(self) -> None:
         self.call = 0
         self.heap: list[float] = []  # the call's slowest durations so far (a min-heap)
+        self.pending: list[tuple[float, int, int, str | None]] = []  # sent with the results
 
-    def note(
-        self, call: int, seconds: float, first: int, items: list[Any]
-    ) -> tuple[float, int, int, str | None] | None:
-        """``(seconds, first, count, label)`` if this batch is among the call's slowest."""
-        heap = self.heap
+    def floor(self, call: int) -> float:
+        """The time an item of ``call`` must exceed to enter the top (-1: any item does)."""
         if call != self.call:
             self.call = call
-            heap.clear()
+            self.heap.clear()
+            self.pending.clear()  # a failed batch's, of an earlier call
+        heap = self.heap
+        return heap[0] if len(heap) >= SLOWEST else -1.0
+
+    def note(self, seconds: float, index: int, item: Any, count: int = 1) -> float:
+        """Item ``index`` (``item``, for its label) took ``seconds``, more than the floor:
+        keeps it to send; returns the new floor. ``count`` > 1: a batch of items timed as a
+        whole, from ``index`` (``item`` its first)."""
+        heap = self.heap
         if len(heap) < SLOWEST:
             heapq.heappush(heap, seconds)
-        elif seconds > heap[0]:
-            heapq.heapreplace(heap, seconds)
         else:
-            return None
+            heapq.heapreplace(heap, seconds)
         label = None
         describe = _DESCRIBE[0]
         if describe is not None:
             try:
-                label = describe(items)
+                label = describe(item)
             except Exception:  # noqa: BLE001 - a label is a nicety, never an error
                 label = None
-        return seconds, first, len(items), label
+            if label is not None and count > 1:
+                label += f" and {count - 1} more"
+        self.pending.append((seconds, index, count, label))
+        return heap[0] if len(heap) >= SLOWEST else -1.0
+
+    def take(self) -> list[tuple[float, int, int, str | None]] | None:
+        """What entered the top since the last call of :meth:`take` (None: nothing)."""
+        pending = self.pending
+        if not pending:
+            return None
+        self.pending = []
+        return pending
 
 
 def merge_slow(stats: RunnerStats, producer: int, slow: Any) -> None:
-    """Adds a producer's slow batch (what :meth:`SlowBatches.note` returned) to the call's
+    """Adds a producer's slow items (what :meth:`SlowItems.take` returned) to the call's
     ``stats.slowest`` (kept sorted, slowest first, at most ``SLOWEST``)."""
-    seconds, first, count, label = slow
-    entry = SlowTask(float(seconds), producer, int(first), int(count), label)
     slowest = stats.slowest
-    if len(slowest) >= SLOWEST and entry.seconds <= slowest[-1].seconds:
-        return
-    slowest.append(entry)
-    slowest.sort(key=lambda e: -e.seconds)
-    del slowest[SLOWEST:]
+    for seconds, index, count, label in slow:
+        entry = SlowTask(float(seconds), producer, int(index), int(count), label)
+        if len(slowest) >= SLOWEST and entry.seconds <= slowest[-1].seconds:
+            continue
+        slowest.append(entry)
+        slowest.sort(key=lambda e: -e.seconds)
+        del slowest[SLOWEST:]
 
 
 def _secs(s: float) -> str:
@@ -112,7 +140,7 @@ def _secs(s: float) -> str:
 
 
 def summary(stats: RunnerStats) -> str:
-    """A table of the figures, per producer, then the slowest batches and the bottleneck
+    """A table of the figures, per producer, then the slowest items and the bottleneck
     (what mpire's ``print_insights`` shows)."""
     s = stats
     lines = [

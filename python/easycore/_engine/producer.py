@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from easycore._engine import lifecycle, wire
-from easycore._engine.insights import SlowBatches
+from easycore._engine.insights import TIME_EACH_S, SlowItems
 from easycore._engine.reports import error_report, not_picklable_report
 
 # Layout of the shared state array of local producers: ``STATE_FIELDS`` int64 words per
@@ -256,7 +256,8 @@ class ProducerCore:
         self.working_call = 0  # the call of the batch being run (0: none)
         self.exit_value: Any = None  # what producer_end returned
         self.init_s = 0.0  # seconds of the set-up and producer_init
-        self.slow = SlowBatches()  # the call's slowest batches
+        self.slow = SlowItems()  # the call's slowest items
+        self.item_s = 0.0  # seconds an item took in the last batch (TIME_EACH_S)
 
     # ----- start and end -----
 
@@ -321,8 +322,8 @@ class ProducerCore:
 
         Returns:
             ``(wire.RESULT, parts, first)``, the parts of ``(first, results, index, busy_s,
-            wait_s, slow)`` (``slow``: the batch if among the call's slowest, see
-            ``insights.SlowBatches``), or ``(wire.ERROR, report, first)`` (the report a
+            wait_s, slow)`` (``slow``: its items that entered the call's slowest, see
+            ``insights.SlowItems``, or None), or ``(wire.ERROR, report, first)`` (the report a
             dict, for the host to send); ``first`` is the batch's first item (None if the
             batch did not unpickle).
 
@@ -365,37 +366,54 @@ class ProducerCore:
         results: list[Any] = []
         append = results.append
         failed = None
+        # Each item is timed for stats.slowest (insights.py): one clock read an item, unless
+        # the items are known to take microseconds (then the batch is timed as a whole).
+        slow, perf = self.slow, time.perf_counter
+        floor = slow.floor(call)
+        each = self.item_s >= TIME_EACH_S or len(items) <= _TRACK_ITEMS
+        t = start = perf()
         try:
-            if self.seed_per_item:
-                base = self.base_seed
+            if self.seed_per_item or (state is not None and len(items) <= _TRACK_ITEMS):
+                per_item, base = self.seed_per_item, self.base_seed
+                if state is not None:
+                    state[me + COUNT] = 1
                 for k, item in enumerate(items):
                     if state is not None:
-                        state[me + COUNT] = 1
                         state[me + ITEM] = first + k
-                    seed_for_item(base, call, first + k)
+                    if per_item:
+                        seed_for_item(base, call, first + k)
                     append(work(device, cfg, item))
-            elif state is None:
-                for item in items:
-                    append(work(device, cfg, item))
-            elif len(items) > _TRACK_ITEMS:
-                state[me + COUNT] = len(items)
-                state[me + ITEM] = first
-                for item in items:
-                    append(work(device, cfg, item))
+                    if each:
+                        now = perf()
+                        if now - t > floor:
+                            floor = slow.note(now - t, first + k, item)
+                        t = now
             else:
-                state[me + COUNT] = 1
-                for item in items:
-                    state[me + ITEM] = first + len(results)
-                    append(work(device, cfg, item))
+                if state is not None:
+                    state[me + COUNT] = len(items)
+                    state[me + ITEM] = first
+                if each:
+                    for item in items:
+                        append(work(device, cfg, item))
+                        now = perf()
+                        if now - t > floor:
+                            floor = slow.note(now - t, first + len(results) - 1, item)
+                        t = now
+                else:
+                    for item in items:
+                        append(work(device, cfg, item))
+            took = perf() - start
+            self.item_s = took / max(1, len(items))
+            if not each and took > floor and items:
+                slow.note(took, first, items[0], len(items))
         except Interrupted:
             raise
         except BaseException as e:  # noqa: BLE001
             failed = error_report("producer_work", device, first + len(results), e, "hook")
-        took = self._idle(t0)  # pickling the results is not producer_work's time
+        self._idle(t0)  # pickling the results is not producer_work's time
         if failed is not None:
             return wire.ERROR, failed, first
-        slow = self.slow.note(call, took, first, items)
-        payload = (first, results, self.index, self.busy, wait_s, slow)
+        payload = (first, results, self.index, self.busy, wait_s, slow.take())
         try:
             return wire.RESULT, codec.dumps(payload), first
         except BaseException as e:  # noqa: BLE001

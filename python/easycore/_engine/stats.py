@@ -35,12 +35,14 @@ class RunnerStats:
             rather than through the input thread (``read_ahead=False``, or a
             request/response input that the input thread handed over).
         producer_start_s: per producer, seconds from its process's start until it was
-            ready (``producer_init`` done), when the producers last started (local ones).
+            ready (``producer_init`` done), when the producers last started (local processes
+            and Ray actors).
         producer_init_s: per producer, seconds of its set-up and ``producer_init`` (the
             pool's ``initializer``), part of ``producer_start_s``.
-        slowest: the call's slowest batches, slowest first (at most 5): a
-            :class:`~easycore._engine.insights.SlowTask` each, with its seconds, producer,
-            first item and count (a batch of one item: that item's own time).
+        slowest: the call's slowest items, slowest first (at most 5): a
+            :class:`~easycore._engine.insights.SlowTask` each, with its seconds (that
+            item's own time in ``producer_work``), producer and item (a pool's: a
+            submitted task or a chunk of a call, named by its label).
     """
 
     items: int = 0
@@ -62,7 +64,7 @@ class RunnerStats:
 
     def summary(self) -> str:
         """A readable table: per producer, items, start-up, init, time in tasks and
-        waiting; then the slowest batches and :meth:`bottleneck` (as mpire's insights)."""
+        waiting; then the slowest items and :meth:`bottleneck` (as mpire's insights)."""
         return summary(self)
 
     def bottleneck(self) -> str:

@@ -82,10 +82,19 @@ def result_chunks(
     # turn.py); not with a deadline (reading the input could outlast it).
     allowed = deadline is None and scheduler.direct_ok
     drained = scheduler.stream_drained
+    # Results of the chunks handed out whole since they were last counted in job.consumed.
+    # A result counts as consumed only once the caller has it: until then it is held here,
+    # in its chunk, and (large results) in its pooled segment, and the feed must not read
+    # ahead for it (see job.has_room).
+    done = 0
     try:
         while True:
             step = WAIT
+            full = False
             with job.lock:
+                if done:
+                    full = _consumed(job, done)
+                    done = 0
                 while True:
                     if job.error is not None and job.next_index >= job.error_at:
                         raise job.error
@@ -124,35 +133,41 @@ def result_chunks(
                     job.waiting = True
                     job.cv.wait(wait)
                     job.waiting = False
-                if step == WAIT:
-                    if n > 1:
-                        job.ran_ahead()
-                    full = not job.has_room()
-                    job.consumed += n
-                    full = full and job.has_room()
+                if step == WAIT and n > 1:
+                    job.ran_ahead()
+            if full:  # the feed may wait for this job's room: wake it (not under job.cv)
+                scheduler.notify()
             if step == READ:
                 own = _read_and_send(job, scheduler)
                 if own is None:
                     continue  # it comes the common way (a result, or an error)
-                with job.lock:
-                    n = len(own)
-                    job.consumed += n
-                    if job.ordered:
+                n = len(own)
+                if job.ordered:
+                    with job.lock:
                         job.next_index += n
                 if bar is not None:
                     bar.update(n)
                 yield _handed_out(own)
                 del own
+                done = n  # counted with the next look at the job
                 continue
             if step == ASK:
                 scheduler.want_input()
                 continue
-            if full:  # the feed may wait for this job's room: wake it (under the lock)
-                scheduler.notify()
             if bar is not None:
                 bar.update(n)
-            for chunk in got:
+            last = len(got) - 1
+            for k, chunk in enumerate(got):
+                size = len(chunk)
                 yield _handed_out(chunk)
+                # The caller took the whole chunk (the next one is asked for).
+                if k < last:
+                    with job.lock:
+                        full = _consumed(job, size)
+                    if full:
+                        scheduler.notify()
+                else:
+                    done = size  # counted with the next look at the job
             del got, chunk  # not held while the caller consumes the next chunk
     except KeyboardInterrupt:
         # Ctrl-C: stop everything, as the runners do (busy workers are interrupted).
@@ -163,6 +178,14 @@ def result_chunks(
         if bar is not None:
             bar.close()
         close()
+
+
+def _consumed(job: _Job, n: int) -> bool:
+    """Under ``job.cv``: ``n`` more results of ``job`` were handed to its caller. Whether
+    that gave the job room to read ahead again (the feed may be waiting for it)."""
+    full = not job.has_room()
+    job.consumed += n
+    return full and job.has_room()
 
 
 def _read_and_send(job: _Job, scheduler: Scheduler) -> list[Any] | None:

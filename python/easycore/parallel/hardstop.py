@@ -5,7 +5,8 @@ returns to Python (a C loop, a blocking call that restarts on EINTR, a signal bl
 In the worker, :func:`limited` runs each task or ``map`` item under the timer and says in a
 shared slot which one runs since when (three int64 stores a task, beside the timer's two
 system calls). In the caller, a :class:`StuckWatch` thread looks at the slots every
-``_POLL_S``. A task still running ``GRACE_S`` past its timeout is given up:
+``_POLL_S``. A task still running past its timeout by the pool's ``task_timeout_grace``
+(default :data:`GRACE_S`, read from the pool's runner) is given up:
 
 1. its worker is stopped (SIGSTOP), and the slot read again (the task may just have ended);
 2. the task's call (or future) fails with :class:`~easycore.errors.PoolTimeoutError`;
@@ -40,7 +41,7 @@ from easycore.parallel.functions import by_cloudpickle
 # ``service``: the pool's ``StreamService`` (service.py imports this module).
 StreamService = Any
 
-GRACE_S = 1.0  # how long a task may run past its timeout before its worker is killed
+GRACE_S = 1.0  # the default task_timeout_grace: past the timeout, until the worker is killed
 _POLL_S = 0.1  # how often the caller looks at the slots
 _FIELDS = 3  # per worker: since (monotonic ns, 0: idle), job (0: a submitted task), index
 _SINCE, _JOB, _INDEX = 0, 1, 2
@@ -134,19 +135,21 @@ class StuckWatch:
     Args:
         service: the pool's stream service (held weakly).
         array: the slots (:func:`slots`), shared with the workers.
-        limit: the pool's ``task_timeout``.
+        limit: the pool's ``task_timeout``; the grace past it is the pool runner's
+            ``task_timeout_grace``.
     """
 
     def __init__(self, service: StreamService, array: Any, limit: float) -> None:
         self.service = weakref.ref(service)
         self.view = memoryview(array).cast("B").cast("q")
         self.limit = limit
+        self.grace = float(getattr(service.runner, "task_timeout_grace", GRACE_S))
         self.ending: Any = None  # the stream (its Call) that ends for a stuck worker
         self.thread = threading.Thread(target=self._main, name="easycore-task-watch", daemon=True)
         self.thread.start()
 
     def _main(self) -> None:
-        late_ns = int((self.limit + GRACE_S) * 1e9)
+        late_ns = int((self.limit + self.grace) * 1e9)
         view = self.view
         while True:
             time.sleep(_POLL_S)
@@ -193,7 +196,7 @@ class StuckWatch:
         what = f"task (call {index})" if job == 0 else f"item {index} of call {job}"
         err = PoolTimeoutError(
             f"{what} ran longer than the pool's task_timeout={self.limit:g} s and did not stop "
-            f"within {GRACE_S:g} s more (blocked in C code?): its worker (pid {proc.pid}) was "
+            f"within {self.grace:g} s more (blocked in C code?): its worker (pid {proc.pid}) was "
             "killed, and the pool's workers are replaced"
         )
         service.doomed.append(proc)

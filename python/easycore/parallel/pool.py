@@ -102,8 +102,15 @@ class Pool(_PoolBase):
             past it a ``TimeoutError`` is raised inside it (a timer of the worker process),
             which stops it and fails that item's call or future only; the worker goes on.
             Python code and interruptible waits stop; a C call that never returns to Python
-            does not. Local workers only (ignored under Ray). Costs a few microseconds per
+            does not: one still running ``task_timeout_grace`` seconds later is stopped by
+            killing its worker (the pool's workers are then replaced; only that task
+            fails). Local workers only (ignored under Ray). Costs a few microseconds per
             item; off by default.
+        task_timeout_grace (float): seconds a task may run past ``task_timeout`` before its
+            worker is killed (default 1.0; 0 kills it as soon as the timeout passes, which
+            leaves a task no time to handle its ``TimeoutError``). A number at least 0:
+            ``TypeError`` otherwise, :class:`~easycore.errors.InvalidArgument` (a
+            ``ValueError``) if negative or not finite.
         window (int, optional): most items of one ``map``/``imap`` read ahead of what its
             caller consumed, and most items in flight; default 65536, so that cheap items
             travel in large batches and are read in long runs. Items in flight and results

@@ -15,6 +15,7 @@ A pool is three parts, each with its own module and interface:
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 import weakref
@@ -30,6 +31,7 @@ from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import progress_bar
 from easycore.errors import EasycoreError, InvalidArgument, PoolClosedError
 from easycore.parallel.functions import Bodies, portable
+from easycore.parallel.hardstop import GRACE_S
 from easycore.parallel.job import _Job
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.service import StreamService
@@ -61,6 +63,20 @@ def _workers(
     if isinstance(devices, int) and devices < 1:
         raise InvalidArgument(f"devices must be at least 1, got {devices}")
     return devices
+
+
+def _grace(value: Any) -> float:
+    """``task_timeout_grace`` checked: a number of seconds, at least 0 and finite.
+
+    Raises:
+        TypeError: not a number (a bool is not one).
+        InvalidArgument: negative, infinite or NaN (a ``ValueError``).
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"task_timeout_grace must be a number of seconds, got {value!r}")
+    if not 0 <= value < math.inf:
+        raise InvalidArgument(f"task_timeout_grace must be at least 0 and finite, got {value!r}")
+    return float(value)
 
 
 def _finalize_pool(
@@ -99,6 +115,7 @@ class _PoolBase:
         worker_exit: Callable[[], Any] | None = None,
         init_timeout: float | None = None,
         task_timeout: float | None = None,
+        task_timeout_grace: float = GRACE_S,
         window: int | None = None,
         queue_scale: float = 3.0,
         close_timeout: float = 10.0,
@@ -120,6 +137,7 @@ class _PoolBase:
         init = None if initializer is None else portable(initializer, how)
         if task_timeout is not None and not task_timeout > 0:
             raise InvalidArgument(f"task_timeout must be positive or None, got {task_timeout!r}")
+        grace = _grace(task_timeout_grace)
         self._bodies = Bodies()  # large function bodies, stored once (see functions.py)
         # Calls abandoned while their items are queued: the workers skip those items.
         self._abandoned = None if remote else abandoned_ring()
@@ -139,6 +157,7 @@ class _PoolBase:
             item_seeds=seed_per_item,
             init_timeout=init_timeout,
             task_timeout=task_timeout,
+            task_timeout_grace=grace,
             worker_exit=None if worker_exit is None else portable(worker_exit, how),
         )
         # What easycore.shm's runner= reads of a pool (``_engine/leases.runner_queue``: the

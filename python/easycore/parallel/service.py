@@ -591,14 +591,21 @@ class StreamService:
 
     def _bound_room(self, n_results: int) -> None:
         """Bounds each job's results ahead of its caller by bytes too (as the runners bound
-        items in flight): at most about twice the output queue's budget of results."""
+        items in flight): at most about twice the output queue's budget of results, and no
+        more large results than the output pool has segments for (a job's results wait for
+        its caller in their segments; one that finds the pool full is built in private
+        memory and copied)."""
         call = self.call
         if call is None:
             return
         self._n_results += n_results
         per = call.stats.bytes_out / max(1, self._n_results)
         if per > 0:
-            self.room[0] = max(1, min(_WINDOW, int(call.max_inflight_bytes / per)))
+            room = min(_WINDOW, int(call.max_inflight_bytes / per))
+            pooled = call.input.sizing.pooled_results(per)
+            if pooled is not None:
+                room = min(room, pooled)
+            self.room[0] = max(1, room)
 
     # ----- the scheduler's questions (StreamProbe) -----
 

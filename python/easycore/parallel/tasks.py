@@ -16,14 +16,14 @@ from typing import Any
 from easycore._engine import wire
 from easycore._engine.extension import Extension, Setup
 from easycore._engine.host import StreamHost
-from easycore._engine.insights import describe_batches_with
+from easycore._engine.insights import describe_items_with
 from easycore._engine.producer import Interrupted, seed_for_item, worker_info
 from easycore._engine.reports import error_report, not_picklable_report
 from easycore.common.parallel import engine
 from easycore.parallel.feed import _ONE, _TASK, _WorkItem, _WorkResult
 from easycore.parallel.functions import _ByValue, _load_by_value, by_cloudpickle
-from easycore.parallel.hardstop import bind, limited, slots
-from easycore.parallel.slowest import describe_batch
+from easycore.parallel.hardstop import GRACE_S, bind, limited, slots
+from easycore.parallel.slowest import describe_item
 
 _CONTEXT: Any = None
 _CODEC: list[wire.Codec] = [wire.Codec()]  # in producers: the flavour's codec
@@ -114,7 +114,7 @@ class _Setup:
             _TASK_LIMIT = self.task_timeout
             info = worker_info()
             bind(self.stuck_slots, info.index if info is not None else 0)
-        describe_batches_with(describe_batch)  # the labels of Pool.stats.slowest
+        describe_items_with(describe_item)  # the labels of Pool.stats.slowest
         _EXIT = self.worker_exit
         if isinstance(_EXIT, _ByValue):  # not pickled on the way (fork)
             _EXIT = _load_by_value(_EXIT.key, _EXIT.blob)
@@ -171,6 +171,8 @@ def _plain(args: Any) -> bool:
     """Whether a chunk's arguments are builtin scalars, or tuples of them (``starmap``):
     they always unpickle, so they need no pickling of their own (a few dozen ns an item,
     where a pickling of its own costs about a microsecond)."""
+    if type(args) is not list:
+        return False  # e.g. arguments already pickled by cloudpickle (functions._Pickled)
     plain = _PLAIN
     for a in args:
         t = type(a)
@@ -450,10 +452,13 @@ class TaskHooks(engine.BaseRunner):
         item_seeds: bool = False,
         worker_exit: Any = None,
         task_timeout: float | None = None,
+        task_timeout_grace: float = GRACE_S,
         **kwargs: Any,
     ) -> None:
         """``setup``, ``on_unsendable``, ``item_seeds``, ``worker_exit``, ``task_timeout``:
-        see :class:`PoolExtension`; the rest as for a runner."""
+        see :class:`PoolExtension`; ``task_timeout_grace``: see ``hardstop.py``; the rest
+        as for a runner."""
+        self.task_timeout_grace = task_timeout_grace
         local = task_timeout is not None and kwargs.get("backend") in (None, "local")
         self._extension = PoolExtension(
             setup,

@@ -89,12 +89,13 @@ class ProducerActor:
             fix=options.get("fix_unsendable"),
         )
 
-    def start(self) -> tuple[int, str, str, str, int, list[Any]]:
+    def start(self) -> tuple[int, str, str, str, int, list[Any], float]:
         """Runs ``setup`` and ``producer_init``.
 
         Returns:
-            tuple: ``(pid, node_id, node_ip, actor_id, kind, parts)`` where ``kind`` is
-            ``READY`` (and ``parts`` empty) or ``ERROR`` with the error report's parts.
+            tuple: ``(pid, node_id, node_ip, actor_id, kind, parts, init_s)`` where ``kind``
+            is ``READY`` (and ``parts`` empty) or ``ERROR`` with the error report's parts,
+            and ``init_s`` the seconds of ``setup`` and ``producer_init``.
         """
         pid = os.getpid()
         node_id, ip, actor_id = _node()
@@ -102,8 +103,8 @@ class ProducerActor:
         report = self.core.init()
         if report is not None:
             parts = to_ray_parts(self.core.codec.dumps(report))
-            return pid, node_id, ip, actor_id, wire.ERROR, parts
-        return pid, node_id, ip, actor_id, wire.READY, []
+            return pid, node_id, ip, actor_id, wire.ERROR, parts, 0.0
+        return pid, node_id, ip, actor_id, wire.READY, [], self.core.init_s
 
     def work(self, seq: int, kind: int, parts: list[Any]) -> tuple[int, int, list[Any]]:
         """Runs ``producer_work`` on one batch.

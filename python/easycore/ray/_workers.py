@@ -189,6 +189,8 @@ class RayWorkers(Transport):
         self.closed = False
         self.end_errors: list[dict[str, Any]] = []
         self.exit_results: dict[int, Any] = {}
+        self.start_s: dict[int, float] = {}  # per actor: from its creation until ready
+        self.init_s: dict[int, float] = {}  # per actor: its set-up and producer_init
         self.owner_pid = os.getpid()
         self.inbox = _Inbox()
         self.receive = self.inbox.take  # type: ignore[method-assign]
@@ -217,21 +219,26 @@ class RayWorkers(Transport):
             "fix_unsendable": start.fix_unsendable,
         }
         handles = []
+        times: dict[int, list[float]] = {}  # per actor: [start-up, init] seconds
         try:
+            created = time.perf_counter()
             for i, options in enumerate(plan.options):
                 handle = actor_cls.options(max_restarts=0, max_task_retries=0, **options).remote(
                     start.hooks, i, plan.hook_devices[i], start.cfg, start.setup, opts
                 )
                 handles.append(handle)
             starts = [h.start.remote() for h in handles]
-            infos = _wait_started(ray, plan, handles, starts, codec)
+            infos = _wait_started(ray, plan, handles, starts, codec, created, times)
         except BaseException:
             for h in handles:
                 _kill(ray, h)
             raise
         store = ray.cluster_resources().get("object_store_memory", 0)
         out_budget = int(max(8 << 20, min(256 << 20, store // 8)))
-        return cls(ray, handles, plan.devices, infos, codec, out_budget, plan.calls_in_flight)
+        workers = cls(ray, handles, plan.devices, infos, codec, out_budget, plan.calls_in_flight)
+        for i, (start_s, init_s) in times.items():
+            workers.start_s[i], workers.init_s[i] = start_s, init_s
+        return workers
 
     # ----- sending and receiving -----
 
@@ -401,9 +408,18 @@ def _kill(ray: Any, handle: Any) -> None:
 
 
 def _wait_started(
-    ray: Any, plan: ActorPlan, handles: list[Any], starts: list[Any], codec: wire.Codec
+    ray: Any,
+    plan: ActorPlan,
+    handles: list[Any],
+    starts: list[Any],
+    codec: wire.Codec,
+    created: float,
+    times: dict[int, list[float]],
 ) -> list[ActorInfo]:
-    """Waits for every actor's ``start`` call; raises the first failure as locally."""
+    """Waits for every actor's ``start`` call; raises the first failure as locally. Puts in
+    ``times[i]`` actor ``i``'s seconds from ``created`` (``perf_counter``, when the actors
+    were asked for) until its ``start`` returned here, and of its set-up and
+    ``producer_init``."""
     infos: list[ActorInfo | None] = [None] * len(handles)
     index = {ref: i for i, ref in enumerate(starts)}
     pending = list(starts)
@@ -421,7 +437,7 @@ def _wait_started(
         for ref in ready:
             i = index[ref]
             try:
-                pid, node_id, ip, actor_id, kind, parts = ray.get(ref)
+                pid, node_id, ip, actor_id, kind, parts, init_s = ray.get(ref)
             except ray.exceptions.RayActorError as e:
                 raise WorkerDiedError(
                     f"producer {i} (Ray actor, device {plan.devices[i]!r}) died while "
@@ -431,4 +447,5 @@ def _wait_started(
             if kind == wire.ERROR:
                 raise worker_error(codec.loads(parts))
             infos[i] = ActorInfo(pid, node_id, ip, actor_id)
+            times[i] = [time.perf_counter() - created, float(init_s)]
     return [x for x in infos if x is not None]
