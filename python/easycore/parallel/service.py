@@ -452,12 +452,11 @@ class StreamService:
             self._health.release()
         if died:
             return False  # the feed finds out before it sends (a quiet restart)
-        tid = scheduler.begin_task(fut, self.generation)
-        if tid is None:
+        inp = call.input
+        if not scheduler.send_task(
+            fut, blob, self.generation, lambda item: inp.send_direct([item], now=True)
+        ):
             return False
-        item: _WorkItem = (0, tid, None, blob, _TASK)
-        if not call.input.send_direct([item], now=True):
-            scheduler.resend([item])  # sent by the feed, ahead of other work
         self.input_coming()  # a parked service thread takes the stream back
         return True
 

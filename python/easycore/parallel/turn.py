@@ -6,8 +6,11 @@ its caller took result i) reads its own input in the caller's thread (``calls.py
 nothing else is on its way in the stream, the service thread *parks* (:meth:`Turn.park_if`,
 :meth:`Turn.wait`): it leaves the stream's generator (``Call.iterate_chunks``) suspended
 between two results, and a caller may take the turn (:meth:`Turn.try_take`), send its item
-and advance the generator itself until its result came, with no hand-off through the pool's
-threads (the caller's thread and the worker: two wake-ups a round trip, as a bare pipe).
+and receive until its result came (the engine's lean step, ``Call.exchange``, else the
+generator itself), with no hand-off through the pool's threads (the caller's thread and the
+worker: two wake-ups a round trip, as a bare pipe). ``Pool.apply`` does the same for its
+task; after one, the service thread parks while nothing is on its way for a while
+(``StreamService._park_ok``).
 
 The service thread wakes (:meth:`Turn.wake`) when the feed has new work or the stream
 ends, when the pool is terminated, and when a caller gives the turn back with something
