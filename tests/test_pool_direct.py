@@ -15,6 +15,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import pool_defs as pd
@@ -303,6 +304,18 @@ def test_submits_while_tasks_wait_keep_to_the_feed_and_all_complete():
         futures = [p.submit(pd.square, i) for i in range(300)]  # the first ones go direct
         assert [f.result(timeout=60) for f in futures] == [i * i for i in range(300)]
         assert p.stats.direct_items < 300  # not while others wait (or are on their way)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_tasks_after_the_stream_idled_out_go_to_the_next_stream(way):
+    """An idle stream ends after a second (the next one keeps its generation): a task sent
+    by its caller then must reach the new stream's call, not the old one's."""
+    with Pool(1) as p:
+        assert [_call(p, way, pd.square, i) for i in range(20)] == [i * i for i in range(20)]
+        for _ in range(2):
+            time.sleep(1.5)  # longer than a stream's idle end
+            assert [_call(p, way, pd.square, i) for i in range(20)] == [i * i for i in range(20)]
+        assert p.stats.direct_items > 0
 
 
 @pytest.mark.parametrize("way", WAYS)

@@ -453,9 +453,13 @@ class StreamService:
         if died:
             return False  # the feed finds out before it sends (a quiet restart)
         inp = call.input
-        if not scheduler.send_task(
-            fut, blob, self.generation, lambda item: inp.send_direct([item], now=True)
-        ):
+
+        def send(item: _WorkItem) -> bool:  # under the scheduler's lock: the stream stays
+            # Not into a call that a new stream replaced since it was read above (an idle
+            # stream's end keeps the generation): the feed sends it then.
+            return self.call is call and inp.send_direct([item], now=True)
+
+        if not scheduler.send_task(fut, blob, self.generation, send):
             return False
         self.input_coming()  # a parked service thread takes the stream back
         return True
