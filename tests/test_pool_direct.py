@@ -64,6 +64,28 @@ def test_a_feedback_loop_is_read_sent_and_received_by_its_caller(ordered):
         assert p.stats.direct_items <= names.count(me)
 
 
+@pytest.mark.parametrize("kind", ["by_name", "lambda", "large_partial"])
+def test_a_feedback_loop_sends_any_function(kind):
+    """The caller's own items carry their function pickled once where plain pickle sends it
+    and it is small (the workers keep it), else the function itself."""
+    import functools
+
+    k = 7
+    big = b"x" * 100_000
+    fn = {
+        "by_name": pd.square,
+        "lambda": lambda x: x * x + k,
+        "large_partial": functools.partial(pd.raise_on, bad=big, kind="value"),  # x itself
+    }[kind]
+    want = {"by_name": lambda x: x * x, "lambda": lambda x: x * x + k}.get(kind, lambda x: x)
+    got: queue.Queue[int] = queue.Queue()
+    with Pool(2) as p:
+        out: list[int] = []
+        _loop(p.imap(fn, _feedback(N, got)), got, out)
+        assert out == [want(i) for i in range(N)]
+        assert p.stats.direct_items > 0
+
+
 def test_inputs_that_run_ahead_keep_their_batching():
     n = 20_000
     with Pool(2) as p:

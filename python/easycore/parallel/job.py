@@ -24,6 +24,7 @@ _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 _DIRECT_AFTER = 4
 _PROBE_FIRST, _PROBE_LAST = 16, 1024
 WAIT, READ, ASK = 0, 1, 2  # what a caller does when it finds no result (see wait_step)
+_FN_WIRE_MAX = 4096  # largest pickled function a worker keeps (see _Job.fn_wire)
 
 
 class _BrokenTransfer(SerializationError, BrokenProcessPool):
@@ -205,13 +206,15 @@ class _Job:
         """The function as the caller's own reads send it (:meth:`read_direct`, one work
         item each): pickled once, as bytes that a worker unpickles once and keeps (pickling
         a function by name costs about a microsecond each way), or the function itself
-        where plain pickle cannot send it."""
+        where plain pickle cannot send it or its pickle is large."""
         wire = self._fn_wire
         if wire is None:
             try:
                 wire = pickle.dumps(self.fn, protocol=5)
             except Exception:  # noqa: BLE001 - sent as it is: the codec finds out
                 wire = self.fn
+            if isinstance(wire, bytes) and len(wire) > _FN_WIRE_MAX:
+                wire = self.fn  # a large callable: not kept by the workers
             self._fn_wire = wire
         return wire
 
