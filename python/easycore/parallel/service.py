@@ -17,21 +17,21 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from easycore._engine.lifecycle import TICK
 from easycore._engine.stats import RunnerStats
-from easycore._engine.stream import Call, WaitInterrupted
+from easycore._engine.stream import Call
 from easycore._engine.zygote import await_gone
-from easycore.errors import PoolClosedError, RunnerClosedError, SerializationError, WorkerDiedError
-from easycore.parallel.feed import _TASK, Feed, _WorkItem, _WorkResult
+from easycore.errors import PoolClosedError, SerializationError, WorkerDiedError
+from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
 from easycore.parallel.hardstop import StuckWatch, kill_doomed, watch
 from easycore.parallel.job import _Job, broken_transfer, task_error, unsendable_error
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import _TaskHooks
-from easycore.parallel.turn import Left, Turn
+from easycore.parallel.turn import CallerTurns, Turn
 
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
 # The pool's default ``window`` (items in flight in its stream, and a job's read ahead):
@@ -85,7 +85,7 @@ def _service_main(owner: weakref.ref[Any], service: StreamService) -> None:
         del pool
 
 
-class StreamService:
+class StreamService(CallerTurns):
     """The pool's stream (see the module).
 
     Args:
@@ -298,172 +298,6 @@ class StreamService:
         if turn is not None:
             turn.wake()
 
-    def _take_turn(self) -> Turn | None:
-        """The turn to advance the stream, if the service thread is parked (nothing else on
-        its way) and the stream's workers are alive; None: not taken (a dead worker is the
-        service thread's to find: a quiet restart)."""
-        turn = self.turn
-        if turn is None or not turn.try_take():
-            return None
-        taken = False
-        try:
-            if turn.call.abort or not self._health.acquire(blocking=False):
-                return None
-            try:
-                taken = not self.runner.producer_died()
-            finally:
-                self._health.release()
-            return turn if taken else None
-        finally:
-            if not taken:
-                turn.give_back(None, True)
-
-    def round_trip(self, item: _WorkItem, job: _Job) -> bool:
-        """A caller in a request/response loop read ``item`` of ``job`` itself. If the service
-        thread is parked (nothing else on its way), the caller sends it and receives until
-        its call has a result, in its own thread, and True is returned (it may then have
-        left the rest to the service thread). Its own result is handed straight to it
-        (``job.own``). False: nothing was sent (the feed sends it)."""
-        turn = self._take_turn()
-        if turn is None:
-            return False
-        call = turn.call
-        left: Left | None = None
-        wake = True
-        try:
-            if not call.input.send_direct([item], now=True):
-                return False
-            jid = job.jid
-            index = item[1]
-            route = self._route
-            while job.own is None and not job.has_result():
-                try:
-                    got = _receive(turn)
-                except StopIteration:
-                    left = Left(ended=True)
-                    break
-                except Exception as e:  # the stream failed: the service thread says so
-                    left = Left(error=e)
-                    break
-                except BaseException as e:  # Ctrl-C in this caller: it stops the pool
-                    left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
-                    if isinstance(e, WaitInterrupted):
-                        raise KeyboardInterrupt from None
-                    raise
-                if got is None:
-                    break  # the service thread receives it
-                for k, results in enumerate(got):
-                    if len(results) == 1 and job.own is None:
-                        r = results[0]
-                        if r is not None and r[0] == jid and r[2] and r[1] == index:
-                            # Its own result: straight to the caller (this thread).
-                            out, secs = r[3]
-                            job.own = out
-                            self._learn_cost(secs, len(out))
-                            continue
-                    for r in results:
-                        if r is None or r[0] != jid:
-                            # The service thread routes others' results (from here on).
-                            left = Left(handed=[x for rs in got[k:] for x in rs])
-                            break
-                    else:
-                        route(results)
-                        continue
-                    break
-                if left is not None:
-                    break
-            wake = left is not None or not call.drained()
-            return True
-        finally:
-            turn.give_back(left, wake)
-
-    def call_task(self, fut: Future[Any], blob: bytes) -> bool:
-        """``Pool.apply``: a caller about to wait for its task. If the service thread is
-        parked (nothing else on its way), the caller sends the task and receives until its
-        future is done (or it left the rest to the service thread), in its own thread, and
-        True is returned; False: nothing was done (the caller queues the task). Either way
-        the service thread parks after tasks too for a while, so that the next ``apply`` of
-        a loop finds it parked."""
-        self.task_wait = time.monotonic()
-        turn = self._take_turn()
-        if turn is None:
-            return False
-        call = turn.call
-        left: Left | None = None
-        wake = True
-        try:
-            tid = self.scheduler.begin_task(fut)
-            if tid is None:
-                return False  # closing: the caller's queueing says so
-            item: _WorkItem = (0, tid, None, blob, _TASK)
-            if not call.input.send_direct([item], now=True):
-                self.scheduler.resend([item])  # sent by the feed, ahead of other work
-                return True
-            route = self._route
-            while not fut.done():
-                try:
-                    got = _receive(turn)
-                except StopIteration:
-                    left = Left(ended=True)
-                    break
-                except Exception as e:  # the stream failed: the service thread says so
-                    left = Left(error=e)
-                    break
-                except WaitInterrupted:  # Ctrl-C while waiting: the stream goes on
-                    raise KeyboardInterrupt from None
-                except BaseException:  # Ctrl-C inside the receiving loop: it ended
-                    left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
-                    raise
-                if got is None:
-                    break  # the service thread receives it
-                for k, results in enumerate(got):
-                    if all(r is not None and r[0] == 0 and r[1] == tid for r in results):
-                        route(results)  # its own future, done in this thread
-                        continue
-                    # The service thread routes others' results (from here on).
-                    left = Left(handed=[x for rs in got[k:] for x in rs])
-                    break
-                if left is not None:
-                    break
-            wake = left is not None or not call.drained()
-            return True
-        finally:
-            turn.give_back(left, wake)
-
-    def send_task(self, fut: Future[Any], blob: bytes) -> bool:
-        """``submit`` while nothing is on its way: the calling thread sends the task itself
-        (no hand-over to the feed's thread), and the service thread receives its result as
-        usual. False: nothing was done (the caller queues the task: the feed sends it)."""
-        call = self.call
-        scheduler = self.scheduler
-        if (
-            call is None
-            or call.abort
-            or self.watch is not None
-            or not scheduler.feed_waiting
-            or not scheduler.direct_ok
-            or not call.drained()
-            or not self._health.acquire(blocking=False)
-        ):
-            return False
-        try:
-            died = self.runner.producer_died()
-        finally:
-            self._health.release()
-        if died:
-            return False  # the feed finds out before it sends (a quiet restart)
-        inp = call.input
-
-        def send(item: _WorkItem) -> bool:  # under the scheduler's lock: the stream stays
-            # Not into a call that a new stream replaced since it was read above (an idle
-            # stream's end keeps the generation): the feed sends it then.
-            return self.call is call and inp.send_direct([item], now=True)
-
-        if not scheduler.send_task(fut, blob, self.generation, send):
-            return False
-        self.input_coming()  # a parked service thread takes the stream back
-        return True
-
     def serve_end(self) -> None:
         """The service is over: stops the workers and fails what is still pending."""
         self.call = None
@@ -639,24 +473,6 @@ class StreamService:
         # At most a quarter of the job's window per worker, so every worker gets chunks.
         most = max(1, job.window // (4 * len(self.runner.devices)))
         return max(1, min(int(_TARGET_CHUNK_S / cost), most))
-
-
-def _receive(turn: Turn) -> list[list[Any]] | None:
-    """The next messages' results of the stream that ``turn``'s holder advances, by the
-    call's lean step (``Call.exchange``), else (an error to raise first…) by its receiving
-    loop, which ends the call on an error (an error of the lean step is thrown into it).
-    None: nothing came within a tick, or a wake-up came (other work on its way): the holder
-    leaves the stream to the service thread and waits the common way, where Ctrl-C and
-    other callers' work find the pool as they always do."""
-    try:
-        got = turn.call.exchange(TICK)
-    except WaitInterrupted:
-        raise  # nothing was taken: the call goes on unless its caller ends it
-    except BaseException as e:  # noqa: BLE001 - the loop ends the call and raises it
-        return [turn.chunks.throw(e)]
-    if got is None:
-        return [next(turn.chunks)]
-    return got or None
 
 
 def _deliver(job: _Job | None, index: int, ok: bool, value: Any) -> None:
