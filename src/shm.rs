@@ -603,10 +603,13 @@ mod tests {
         let name = seg.name().to_owned();
         sweep_stale();
         assert!(Segment::attach(&name).is_ok(), "a held queue's names stay");
-        drop(q); // the last party ends without cleaning up (as if killed)
-        assert!(sweep_stale() >= 2, "segment and token removed");
-        assert!(Segment::attach(&name).is_err());
-        assert!(!exists(&format!("/ec.{tag}.live")));
+        // The last party ends without cleaning up (as if killed). Another process's sweep
+        // (any test run on this machine) may take the names first, so what is checked is
+        // that they are gone, not what this sweep counted.
+        drop(q);
+        sweep_stale();
+        assert!(Segment::attach(&name).is_err(), "segment removed");
+        assert!(!exists(&format!("/ec.{tag}.live")), "token removed");
     }
 
     #[test]

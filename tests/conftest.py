@@ -82,8 +82,9 @@ def _mp_service(pid: str) -> bool:
     return b"resource_tracker" in cmd or b"forkserver" in cmd
 
 
-def _settle(check, timeout: float = 5.0):
-    """Waits briefly for processes and segments that are on their way out."""
+def _settle(check, timeout: float = 30.0):
+    """Waits for processes and segments that are on their way out (returns as soon as none
+    is left; the bound is generous so that a loaded machine's slow exits are not leaks)."""
     deadline = time.monotonic() + timeout
     left = check()
     while left and time.monotonic() < deadline:

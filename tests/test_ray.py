@@ -323,6 +323,10 @@ def test_pool_on_ray():
         with pytest.raises(ZeroDivisionError):
             pool.map(lambda x: 1 / x, [1, 0, 2])
         assert pool.map(str, [1, 2]) == ["1", "2"]
+        # Actors are not processes of this machine: no local handles to list.
+        assert pool._processes == 2
+        with pytest.raises(NotImplementedError, match="not processes of this machine"):
+            pool.worker_processes()
     with Pool(backend="ray") as pool:
         assert len(pool.devices) == 2  # one worker per CPU of the cluster
 

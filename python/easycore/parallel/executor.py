@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import multiprocessing
+import os
 import threading
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -44,6 +45,20 @@ else:  # pragma: no cover - CPython has had it since 3.9
     atexit.register(_finish_at_exit)
 
 
+def _count(max_workers: Any, kwargs: dict[str, Any]) -> int | None:
+    """How many workers ``PoolExecutor(max_workers, **kwargs)`` runs, where that is known
+    before its pool starts (for an executor whose initializer fails: no pool is left)."""
+    devices = kwargs.get("devices")
+    given = max_workers if max_workers is not None else devices
+    if isinstance(given, int):
+        return given
+    if isinstance(given, (list, tuple)):
+        return len(given)
+    if given is None and kwargs.get("backend") in (None, "local"):
+        return os.cpu_count() or 1
+    return None
+
+
 class PoolExecutor(Executor):
     """A ``concurrent.futures.Executor`` on a :class:`Pool`; drop-in for
     ``ProcessPoolExecutor``.
@@ -57,6 +72,10 @@ class PoolExecutor(Executor):
             :class:`Pool`'s ``maxtasksperchild``. As in the stdlib, the start method then
             defaults to spawn, and fork is refused (``ValueError``).
         **kwargs: the other keyword arguments of :class:`Pool`.
+
+    ``ProcessPoolExecutor``'s private attributes that code written for it reads are there,
+    backed by the pool's workers: ``_processes`` (pid → process), ``_max_workers``,
+    ``_executor_manager_thread``, ``_mp_context``, ``_broken``.
     """
 
     _pool_cls: type[Pool] = Pool
@@ -89,6 +108,7 @@ class PoolExecutor(Executor):
         self._broken: str | bool = False  # as ProcessPoolExecutor's: False, or why
         self._mp_context: multiprocessing.context.BaseContext
         self._init_error: BaseException | None = None
+        self._n_workers: int | None = _count(max_workers, kwargs)
         try:
             self.pool = self._pool_cls(max_workers, initializer, initargs, **kwargs)
         except WorkerError as e:
@@ -103,6 +123,7 @@ class PoolExecutor(Executor):
             self._init_error = e
             self._mp_context = multiprocessing.get_context(kwargs.get("start_method") or "spawn")
             return
+        self._n_workers = len(self.pool.devices)
         # Dropped without shutdown(): no warning; a future's error's cause as the stdlib's.
         self.pool._for_executor(_RemoteTraceback)
         # What ProcessPoolExecutor calls its start method (code written for it reads it).
@@ -179,6 +200,33 @@ class PoolExecutor(Executor):
         pool.close()
         if wait:
             pool.join()
+
+    # ----- ProcessPoolExecutor's private attributes, which code written for it reads -----
+
+    @property
+    def _processes(self) -> dict[int, Any]:
+        """``ProcessPoolExecutor._processes``: the worker processes now started, by pid
+        (:meth:`Pool.worker_processes`); empty once shut down (the stdlib's is then None)."""
+        if self._init_error is not None:
+            return {}
+        return {p.pid: p for p in self.pool.worker_processes()}
+
+    @property
+    def _max_workers(self) -> int:
+        """``ProcessPoolExecutor._max_workers``: how many workers the executor runs (all of
+        them from the start, under every start method)."""
+        if self._n_workers is None:
+            raise AttributeError("how many workers this executor would have run is not known")
+        return self._n_workers
+
+    @property
+    def _executor_manager_thread(self) -> threading.Thread | None:
+        """``ProcessPoolExecutor._executor_manager_thread``: the thread that completes the
+        futures and stops the workers once shut down (the pool's
+        :attr:`~Pool.service_thread`); None if the initializer failed."""
+        if self._init_error is not None:
+            return None
+        return self.pool.service_thread
 
     def _check_broken(self) -> None:
         """Raises :class:`BrokenInitializer` if the initializer failed."""

@@ -47,6 +47,7 @@ from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
 import easycore.parallel.calls as calls
+from easycore.errors import InvalidArgument
 from easycore.parallel.feed import _ONE, _STAR
 from easycore.parallel.functions import pickle_args, portable
 from easycore.parallel.poolbase import _keep, _PoolBase
@@ -273,7 +274,9 @@ class Pool(_PoolBase):
 
         The function and arguments are pickled here: where that fails, the future fails at
         once with the pickler's own exception (as ``concurrent.futures`` and
-        ``multiprocessing.Pool.apply_async`` report it), with a note.
+        ``multiprocessing.Pool.apply_async`` report it; for a function that neither pickle
+        nor cloudpickle can send, a :class:`~easycore.errors.SerializationError`, which is a
+        ``PicklingError``), with a note.
         Cancelling the future before a worker takes it means it never runs. Do not wait on
         the pool's results from a future's done-callback (it runs in the pool's result
         thread); submitting from one is fine.
@@ -299,10 +302,12 @@ class Pool(_PoolBase):
         self, fn: Callable[..., _T], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> tuple[Future[_T], bytes | None]:
         """A task's future and pickle (None: the future failed, it does not pickle)."""
-        f = portable(fn, self.start_method, self._bodies)
         fut: Future[_T] = Future()
         try:
+            f = portable(fn, self.start_method, self._bodies)
             blob = pickle_args((f, args, kwargs))
+        except InvalidArgument:
+            raise  # not a callable
         except Exception as e:
             # As the stdlib's pools: the pickler's own exception fails this future.
             try:

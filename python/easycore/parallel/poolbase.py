@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from multiprocessing import pool as stdlib_pool
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any
 
@@ -211,6 +213,62 @@ class _PoolBase:
         share one stream, so the figures are those of the stream so far (since the workers
         last (re)started: a failure restarts them), all calls and futures together."""
         return self._stream.stats
+
+    def worker_processes(self) -> list[Any]:
+        """The worker processes now started, by worker index: the handles the pool itself
+        waits on and stops (``pid``, ``name``, ``sentinel``, ``exitcode``, ``is_alive()``,
+        ``join(timeout)``, ``terminate()``, ``kill()``): ``multiprocessing`` processes, or
+        under fork the same view of a process that the pool's zygote forked.
+
+        Empty while the workers are stopped: once the pool was joined or terminated, and
+        from a worker's death until the pool restarts its workers (at its next call). A worker
+        that died is listed, not alive, until the pool has seen the death. Killing a worker
+        through its handle is a worker's death (see :class:`Pool`).
+
+        Returns:
+            list: one handle per worker (a new list each time).
+
+        Raises:
+            NotImplementedError: under Ray (the workers are actors, not local processes).
+        """
+        return self._stream.runner.worker_processes()
+
+    @property
+    def service_thread(self) -> threading.Thread | None:
+        """threading.Thread: the pool's service thread, which routes results to their calls
+        and futures (done-callbacks run in it) and stops the workers at the end; it ends once
+        the pool is closed and its work is done, or terminated, or dropped."""
+        return self._stream.thread
+
+    # ----- the stdlib's private attributes, which code written for multiprocessing reads -----
+
+    @property
+    def _pool(self) -> list[Any]:
+        """``multiprocessing.Pool._pool``: the worker processes (:meth:`worker_processes`)."""
+        return self.worker_processes()
+
+    @property
+    def _processes(self) -> int:
+        """``multiprocessing.Pool._processes``: how many workers the pool runs."""
+        return len(self.devices)
+
+    @property
+    def _state(self) -> str:
+        """``multiprocessing.Pool._state``: ``"RUN"``, ``"CLOSE"`` or ``"TERMINATE"``
+        (``multiprocessing.pool``'s constants). Setting it, as CPython's own tests do to make
+        a dropped pool warn, only sets whether the pool's finalizer counts it as left open
+        (``"RUN"``: a ``ResourceWarning`` when it is collected); a closed pool stays closed."""
+        schedule = self._schedule
+        if schedule.terminated:
+            return stdlib_pool.TERMINATE
+        return stdlib_pool.CLOSE if schedule.closing else stdlib_pool.RUN
+
+    @_state.setter
+    def _state(self, state: str) -> None:
+        states = (stdlib_pool.RUN, stdlib_pool.CLOSE, stdlib_pool.TERMINATE)
+        if state not in states:
+            raise ValueError(f"a pool's state is one of {states}, got {state!r}")
+        self._open_flag[0] = state == stdlib_pool.RUN
 
     def __repr__(self) -> str:
         schedule = self._schedule

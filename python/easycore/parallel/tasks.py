@@ -21,7 +21,7 @@ from easycore._engine.producer import Interrupted, seed_for_item, worker_info
 from easycore._engine.reports import error_report, not_picklable_report
 from easycore.common.parallel import engine
 from easycore.parallel.feed import _ONE, _TASK, _WorkItem, _WorkResult
-from easycore.parallel.functions import _ByValue, _load_by_value, by_cloudpickle
+from easycore.parallel.functions import _ByValue, _load_by_value, by_cloudpickle, pickled_function
 from easycore.parallel.hardstop import GRACE_S, bind, limited, slots
 from easycore.parallel.slowest import describe_item
 
@@ -54,10 +54,6 @@ def mark_abandoned(ring: Any, job: int) -> None:
 _ITEM_SEED: int | None = None  # in producers: the base seed of per-item streams, if asked
 _EXIT: Any = None  # in producers: the pool's worker_exit, if any
 _TASK_LIMIT: float | None = None  # in producers: the pool's task_timeout, if any
-# In producers: the functions of work items that carry their function pickled (a caller's
-# own round trips, see ``_Job.fn_wire``), by pickle: unpickled once, not once per item.
-_FUNCTIONS: dict[bytes, Any] = {}
-_FUNCTIONS_MAX = 64
 
 
 def context() -> Any:
@@ -225,7 +221,7 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
             return job, index, False, error_report("task", device, index, e, "unpickle_items")
     if type(fn) is bytes:
         try:
-            fn = _function(fn)
+            fn = pickled_function(fn)
         except Interrupted:
             raise
         except BaseException as e:  # noqa: BLE001 - SystemExit too: this chunk's error
@@ -270,17 +266,6 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
         if out:
             report["partial"] = out  # the chunk's results before the failing item
         return job, index, False, report
-
-
-def _function(blob: bytes) -> Any:
-    """The function pickled in ``blob`` (unpickled once per worker; a few are kept)."""
-    fn = _FUNCTIONS.get(blob)
-    if fn is None:
-        fn = pickle.loads(blob)
-        if len(_FUNCTIONS) >= _FUNCTIONS_MAX:
-            _FUNCTIONS.clear()
-        _FUNCTIONS[blob] = fn
-    return fn
 
 
 def _run_each(fn: Any, arg: list[Any], mode: int, job: int, index: int, out: list[Any]) -> None:
@@ -510,6 +495,18 @@ class TaskHooks(engine.BaseRunner):
     def producers(self) -> Any:
         """The engine's transport of the current producers (None: stopped)."""
         return self._workers
+
+    def worker_processes(self) -> list[Any]:
+        """The producer processes now started, by index (empty while stopped); raises
+        ``NotImplementedError`` for a remote backend's producers (not local processes)."""
+        if self._remote is not None:
+            raise NotImplementedError(
+                "the workers are a remote backend's actors, not processes of this machine"
+            )
+        workers = self._workers
+        if workers is None or workers.closed:
+            return []
+        return list(workers.procs)
 
     def producer_died(self) -> bool:
         """Whether a producer has died, or the producers are already stopped."""
