@@ -15,6 +15,7 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Iterator
 
 import pool_defs as pd
@@ -61,6 +62,28 @@ def test_a_feedback_loop_is_read_sent_and_received_by_its_caller(ordered):
         assert names.count(me) > N // 4
         assert p.stats.direct_items > N // 4
         assert p.stats.direct_items <= names.count(me)
+
+
+@pytest.mark.parametrize("kind", ["by_name", "lambda", "large_partial"])
+def test_a_feedback_loop_sends_any_function(kind):
+    """The caller's own items carry their function pickled once where plain pickle sends it
+    and it is small (the workers keep it), else the function itself."""
+    import functools
+
+    k = 7
+    big = b"x" * 100_000
+    fn = {
+        "by_name": pd.square,
+        "lambda": lambda x: x * x + k,
+        "large_partial": functools.partial(pd.raise_on, bad=big, kind="value"),  # x itself
+    }[kind]
+    want = {"by_name": lambda x: x * x, "lambda": lambda x: x * x + k}.get(kind, lambda x: x)
+    got: queue.Queue[int] = queue.Queue()
+    with Pool(2) as p:
+        out: list[int] = []
+        _loop(p.imap(fn, _feedback(N, got)), got, out)
+        assert out == [want(i) for i in range(N)]
+        assert p.stats.direct_items > 0
 
 
 def test_inputs_that_run_ahead_keep_their_batching():
@@ -270,4 +293,165 @@ def test_ctrl_c_while_the_caller_receives_leaves_no_orphans_or_shared_memory():
     )
     assert "direct True" in out
     assert "interrupted" in out
+    assert_workers_and_names_gone(out)
+
+
+# ----- apply and submit(...).result(): a caller that waits for its own task -----
+
+WAYS = ["apply", "submit"]
+
+
+def _call(p: Pool, way: str, fn, *args):
+    """``fn(*args)`` through ``p.apply`` or ``p.submit(...).result()``."""
+    if way == "apply":
+        return p.apply(fn, args)
+    return p.submit(fn, *args).result(timeout=60)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_tasks_waited_on_in_a_loop_are_sent_by_their_caller(way):
+    with Pool(2) as p:
+        assert [_call(p, way, pd.square, i) for i in range(N)] == [i * i for i in range(N)]
+        assert p.apply(pd.kwargs_fn, (1,), {"b": 2, "c": 3}) == 6
+        assert p.submit(pd.kwargs_fn, 1, b=2, c=3).result(timeout=60) == 6
+        # apply: the first goes the common way; after it the service thread leaves the
+        # stream to the next ones. submit: sent by its caller whenever nothing is on its
+        # way. (A loaded machine may interleave differently: > 0.)
+        assert p.stats.direct_items > 0
+        assert p.map(pd.square, range(1000)) == [x * x for x in range(1000)]
+
+
+def test_submits_while_tasks_wait_keep_to_the_feed_and_all_complete():
+    with Pool(1) as p:
+        futures = [p.submit(pd.square, i) for i in range(300)]  # the first ones go direct
+        assert [f.result(timeout=60) for f in futures] == [i * i for i in range(300)]
+        assert p.stats.direct_items < 300  # not while others wait (or are on their way)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_tasks_after_the_stream_idled_out_go_to_the_next_stream(way):
+    """An idle stream ends after a second (the next one keeps its generation): a task sent
+    by its caller then must reach the new stream's call, not the old one's."""
+    with Pool(1) as p:
+        assert [_call(p, way, pd.square, i) for i in range(20)] == [i * i for i in range(20)]
+        for _ in range(2):
+            time.sleep(1.5)  # longer than a stream's idle end
+            assert [_call(p, way, pd.square, i) for i in range(20)] == [i * i for i in range(20)]
+        assert p.stats.direct_items > 0
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_task_errors_on_the_direct_path_fail_that_call_only(way):
+    with Pool(1) as p:
+        for i in range(50):
+            assert _call(p, way, pd.square, i) == i * i
+        before = p.stats.direct_items
+        for i in range(20):
+            with pytest.raises(pd.CustomError, match=f"custom {i}") as info:
+                _call(p, way, pd.raise_on, i, i, "custom")
+            assert info.value.code == i
+            assert _call(p, way, pd.square, i) == i * i  # the pool goes on
+        assert p.stats.direct_items > before
+        with pytest.raises(Exception, match="pickle|Pickl"):
+            _call(p, way, pd.call_it, lambda: threading.Lock())  # a result that cannot travel
+        assert _call(p, way, pd.square, 3) == 9
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_worker_killed_between_two_tasks_fails_nothing(way):
+    """As for a pool that idles: the next task's caller finds the death before it sends,
+    and the workers restart for it."""
+    with Pool(1) as p:
+        out = []
+        for i in range(200):
+            out.append(_call(p, way, pd.square, i))
+            if i in (60, 140):
+                victim = p._stream.runner._workers.procs[0]
+                os.kill(victim.pid, signal.SIGKILL)
+                victim.join(30)
+        assert out == [i * i for i in range(200)]
+        assert p.stats.direct_items > 0
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_worker_dying_in_a_direct_task_fails_that_task_and_the_pool_goes_on(way):
+    from easycore.errors import WorkerDiedError
+
+    with Pool(1) as p:
+        for i in range(50):
+            assert _call(p, way, pd.square, i) == i * i
+        with pytest.raises(WorkerDiedError):
+            _call(p, way, pd.die_on, 7, 7)
+        assert [_call(p, way, pd.square, i) for i in range(50)] == [i * i for i in range(50)]
+
+
+def test_apply_beside_a_direct_loop_submits_and_maps_from_other_threads():
+    got: queue.Queue[int] = queue.Queue()
+    errors: list[BaseException] = []
+    callback_threads: list[str] = []
+
+    def applier() -> None:
+        try:
+            for k in range(150):
+                assert p.apply(pd.square, (k,)) == k * k
+        except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+            errors.append(e)
+
+    def submitter() -> None:
+        try:
+            for k in range(60):
+                fut = p.submit(pd.square, k)
+                fut.add_done_callback(
+                    lambda _f: callback_threads.append(threading.current_thread().name)
+                )
+                assert fut.result(timeout=60) == k * k
+                assert p.map(pd.square, range(k)) == [x * x for x in range(k)]
+        except BaseException as e:  # noqa: BLE001 - reported by the test's thread
+            errors.append(e)
+
+    with Pool(2) as p:
+        threads = [threading.Thread(target=applier), threading.Thread(target=submitter)]
+        for t in threads:
+            t.start()
+        out: list[int] = []
+        _loop(p.imap(pd.same, _feedback(N, got)), got, out)
+        for t in threads:
+            t.join(120)
+        assert not any(t.is_alive() for t in threads) and errors == []
+        assert out == list(range(N))
+        # Others' results that a caller received are routed by the service thread.
+        assert set(callback_threads) <= {"easycore-pool", threads[1].name}
+
+
+def test_ctrl_c_during_a_direct_apply_reaches_the_caller_and_the_pool_goes_on():
+    from ctrl_c import assert_workers_and_names_gone, ctrl_c_after
+
+    out = ctrl_c_after(
+        """
+        import os
+        import pool_defs as pd
+        from easycore.parallel import Pool
+
+        if __name__ == "__main__":
+            p = Pool(2, start_method="fork", close_timeout=300)
+            print("pids", *[w.pid for w in p._stream.runner._workers.procs], flush=True)
+            print("me", os.getpid(), flush=True)
+            for i in range(100):
+                assert p.apply(pd.square, (i,)) == i * i
+            print("direct", p.stats.direct_items > 0, flush=True)
+            print("started", flush=True)
+            try:
+                p.apply(pd.wait_for, ("/nonexistent", 1, 600))
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+            print("after", p.apply(pd.square, (3,)), flush=True)
+            p.terminate()
+            p.join()
+        """,
+        after="started",
+        limit=60,
+    )
+    assert "direct True" in out
+    assert "interrupted" in out
+    assert "after 9" in out
     assert_workers_and_names_gone(out)

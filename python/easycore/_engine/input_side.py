@@ -465,26 +465,34 @@ class InputSide:
                 self.pending = self.make_batch()
                 if self.pending is None:
                     return sent
-            seq, count, parts = self.pending
-            try:
-                send(seq, self.kind_work, parts)
-            except QueueFull:
-                self.in_full = True
+            if not self.send_pending(send):
                 return sent
-            self.in_full = False
-            leases.after_send()  # input arrays sent by reference become read-only
-            if self.dispatched == self.delivered:
-                self.last_progress = time.monotonic()
-            self.pending = None
-            self.dispatched += count
-            self.stats.batches += 1
             sent = True
         return sent
 
-    def send_direct(self, items: list[Any]) -> bool:
+    def send_pending(self, send: Callable[[int, int, list[Any]], None]) -> bool:
+        """Under ``send_lock``: sends the pending batch by ``send`` (the transport's), never
+        blocking; whether it went (else it stays pending: the producers have enough)."""
+        seq, count, parts = self.pending  # type: ignore[misc]
+        try:
+            send(seq, self.kind_work, parts)
+        except QueueFull:
+            self.in_full = True
+            return False
+        self.in_full = False
+        leases.after_send()  # input arrays sent by reference become read-only
+        if self.dispatched == self.delivered:
+            self.last_progress = time.monotonic()
+        self.pending = None
+        self.dispatched += count
+        self.stats.batches += 1
+        return True
+
+    def send_direct(self, items: list[Any], now: bool = False) -> bool:
         """``items``, work items read and packed outside the input thread (by the pool's
         caller, a request/response loop), one input item each, become the next batch, which
-        the receiving loop sends first; False if another batch waits (nothing taken)."""
+        the receiving loop sends first (with ``now``, the calling thread sends it at once,
+        if the producers have room); False if another batch waits (nothing taken)."""
         with self.send_lock:
             if self.pending is not None or self.abort:
                 return False
@@ -492,6 +500,8 @@ class InputSide:
             if batch is not None:
                 self.pending = batch
                 self.direct_total += len(items)
+                if now:
+                    self.send_pending(self.workers.send)
         return True
 
     def drained(self) -> bool:

@@ -59,7 +59,19 @@ from easycore.errors import (
     WorkerDiedError,
 )
 
-__all__ = ["Call", "Learned", "StreamHost", "StreamSettings", "progress_bar"]
+__all__ = [
+    "Call",
+    "Learned",
+    "StreamHost",
+    "StreamSettings",
+    "WaitInterrupted",
+    "progress_bar",
+]
+
+
+class WaitInterrupted(KeyboardInterrupt):
+    """Ctrl-C while :meth:`Call.exchange` waited for results: nothing was received, so the
+    call goes on (its receiving loop takes it up) unless the caller ends it."""
 
 
 def _ema(prev: float, x: float, weight: float = 0.3) -> float:
@@ -296,26 +308,65 @@ class Call:
             while ready:
                 yield ready.pop()
 
+    def exchange(self, wait: float) -> list[list[Any]] | None:
+        """One step of the receiving loop for a thread that holds the stream while its
+        loop (:meth:`iterate_chunks`) is suspended between two messages, with nothing else
+        to do (the pool's request/response path): sends the batch that
+        ``InputSide.send_direct`` left pending (if any), waits up to ``wait`` seconds for
+        result messages and returns their results, one list per message, each counted as
+        delivered. ``[]``: none came (a wake-up, or the wait ran out); None: the loop has
+        other work first (an error to raise, an ordered call, the call stopped). Either way
+        the loop itself (``next`` of :meth:`iterate_chunks`) goes on from there; what this
+        raises must be thrown into the loop, which ends the call as for its own errors,
+        except :class:`WaitInterrupted` (Ctrl-C while it waited: nothing was taken)."""
+        inp = self.input
+        if self.reorder is not None or inp.abort:
+            return None
+        if inp.pending is not None or inp.unsent() > 0:
+            with inp.send_lock:
+                inp.send_available()
+        if inp.send_error is not None or inp.input_error is not None:
+            return None
+        if not inp.receiver_sleeps():
+            return None
+        try:
+            msgs = self.workers.receive(64, timeout=wait)
+        except (QueueEmpty, QueueClosed):
+            return []  # the loop looks at the producers' health, or says the queue closed
+        except KeyboardInterrupt:
+            raise WaitInterrupted from None
+        finally:
+            inp.receiver_woke()
+        out: list[list[Any]] = []
+        for _first, results, count in self._take(msgs):
+            self.delivered_chunk(count)
+            out.append(results)
+        return out
+
     def _take(self, msgs: list[Any]) -> list[tuple[int, list[Any], int]]:
         out: list[tuple[int, list[Any], int]] = []
         inp = self.input
         learned = self.learned
+        stats = self.stats
+        done = stats.producer_items
+        me = self.call
+        loads = self.codec.loads
         for seq, kind, parts in msgs:
-            t, call = wire.unpack_kind(kind)
-            if call != self.call:
+            t, call = kind & 0xFF, kind >> 8  # wire.unpack_kind, inline: a frame less
+            if call != me:
                 if call == 0 and t != wire.WAKE:
                     # A producer that retires, or its replacement (see retire.py).
                     self.workers.control(seq, kind, parts)
                 continue  # a result, error or wake-up of an aborted earlier call
             if t == wire.ERROR:
-                raise worker_error(self.codec.loads(parts))
+                raise worker_error(loads(parts))
             if t != wire.RESULT:
                 continue
             inp.last_progress = time.monotonic()
             nb = wire.nbytes(parts)
-            self.stats.bytes_out += nb
+            stats.bytes_out += nb
             try:
-                first, results, wi, busy, wait, slow = self.codec.loads(parts)
+                first, results, wi, busy, wait, slow = loads(parts)
             except KeyboardInterrupt:
                 raise
             except BaseException as e:  # noqa: BLE001 - SystemExit too: the call's error
@@ -323,12 +374,11 @@ class Call:
                     f"results could not be unpickled in the caller: {safe_str(e)}"
                 ) from e
             if slow is not None:
-                merge_slow(self.stats, wi, slow)
+                merge_slow(stats, wi, slow)
             del parts
             count = inp.result_received(seq, len(results))
             learned.out_bytes_per_item = _ema(learned.out_bytes_per_item, nb / max(1, count))
             self._learn(wi, busy, wait, count)
-            done = self.stats.producer_items
             done[wi] = done.get(wi, 0) + count
             if self.reorder is None:
                 out.append((first, results, count))
@@ -353,11 +403,14 @@ class Call:
         delta = busy - prev
         self.stats.producer_busy_s[wi] += delta
         self.stats.producer_wait_s[wi] += wait - prev_wait
+        sizing = self.input.sizing
+        if sizing.cost is not None:
+            return  # batches are sized by the call's own figure (the pool's), not learned
         learned = self.learned
         # A batch's cost includes a fixed part (unpickling, bookkeeping: microseconds) that a
         # batch of few items charges to each item. Weighted by its share of a full batch, the
         # lone item each call starts with no longer shrinks the next batches tenfold.
-        share = min(1.0, count / self.input.sizing.batch_size())
+        share = min(1.0, count / sizing.batch_size())
         per = max(delta / max(1, count), 1e-9)  # never 0, which means "not known"
         learned.cost_per_item = _ema(learned.cost_per_item, per, 0.3 * share)
 

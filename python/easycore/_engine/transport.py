@@ -12,6 +12,7 @@ describes a producer's death (:meth:`~Transport.dead`, :meth:`~Transport.exited`
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
@@ -211,6 +212,7 @@ class LocalWorkers(Transport):
         self.owner_pid = os.getpid()
         self.out_budget = out_budget
         self.receive = out_q.get_many  # type: ignore[method-assign]  # no frame
+        self.send = functools.partial(in_q.put, block=False)  # type: ignore[method-assign]
         self._exit_poll: select.poll | None = None  # on the sentinels of the first _polled
         self._polled = 0
         self.retire: Retirements | None = None  # producers that retire (retire.py)
@@ -299,9 +301,6 @@ class LocalWorkers(Transport):
                     exitcode=code,
                 )
         return None
-
-    def send(self, seq: int, kind: int, parts: list[Any]) -> None:
-        self.in_q.put(seq, kind, parts, block=False)
 
     def wake(self, call: int) -> None:
         try:

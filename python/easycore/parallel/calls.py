@@ -91,7 +91,7 @@ def result_chunks(
         while True:
             step = WAIT
             full = False
-            with job.cv:
+            with job.lock:
                 if done:
                     full = _consumed(job, done)
                     done = 0
@@ -138,7 +138,18 @@ def result_chunks(
             if full:  # the feed may wait for this job's room: wake it (not under job.cv)
                 scheduler.notify()
             if step == READ:
-                _read_and_send(job, scheduler)
+                own = _read_and_send(job, scheduler)
+                if own is None:
+                    continue  # it comes the common way (a result, or an error)
+                n = len(own)
+                if job.ordered:
+                    with job.lock:
+                        job.next_index += n
+                if bar is not None:
+                    bar.update(n)
+                yield _handed_out(own)
+                del own
+                done = n  # counted with the next look at the job
                 continue
             if step == ASK:
                 scheduler.want_input()
@@ -151,7 +162,7 @@ def result_chunks(
                 yield _handed_out(chunk)
                 # The caller took the whole chunk (the next one is asked for).
                 if k < last:
-                    with job.cv:
+                    with job.lock:
                         full = _consumed(job, size)
                     if full:
                         scheduler.notify()
@@ -177,18 +188,22 @@ def _consumed(job: _Job, n: int) -> bool:
     return full and job.has_room()
 
 
-def _read_and_send(job: _Job, scheduler: Scheduler) -> None:
+def _read_and_send(job: _Job, scheduler: Scheduler) -> list[Any] | None:
     """The caller reads the next item of its call's input itself and sends it (receiving its
-    result too, if the stream lets it: ``Scheduler.send_direct``)."""
+    result too, if the stream lets it: ``Scheduler.send_direct``). Returns the item's
+    results if they came straight back to this thread (``job.own``), else None: they come
+    the common way (through the job, as an error does)."""
     got = job.read_direct()
     if job.handed_back:
         job.handed_back = False
         scheduler.notify()  # the feed reads the input again
     if got is None:
         scheduler.wake_feed()  # the input ended or failed (a closing pool may end)
-        return
+        return None
     x, index = got
-    scheduler.send_direct((job.jid, index, job.fn, [x], job.mode), job)
+    scheduler.send_direct((job.jid, index, job.fn_wire(), [x], job.mode), job)
+    own, job.own = job.own, None
+    return own
 
 
 def collect(

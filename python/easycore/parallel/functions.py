@@ -234,3 +234,20 @@ def by_cloudpickle(obj: Any) -> Any:
     import cloudpickle
 
     return _Pickled(cloudpickle.dumps(obj, protocol=5))
+
+
+# In producers: the functions that work items carry pickled (a caller's own round trips, see
+# ``_Job.fn_wire``), by their pickle: unpickled once, not once per item.
+_PICKLED_CACHE: dict[bytes, Any] = {}
+_PICKLED_CACHE_MAX = 64
+
+
+def pickled_function(blob: bytes) -> Any:
+    """In a producer: the function pickled in ``blob`` (unpickled once; a few are kept)."""
+    fn = _PICKLED_CACHE.get(blob)
+    if fn is None:
+        fn = pickle.loads(blob)
+        if len(_PICKLED_CACHE) >= _PICKLED_CACHE_MAX:
+            _PICKLED_CACHE.clear()
+        _PICKLED_CACHE[blob] = fn
+    return fn

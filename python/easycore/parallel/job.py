@@ -24,6 +24,7 @@ _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 _DIRECT_AFTER = 4
 _PROBE_FIRST, _PROBE_LAST = 16, 1024
 WAIT, READ, ASK = 0, 1, 2  # what a caller does when it finds no result (see wait_step)
+_FN_WIRE_MAX = 4096  # largest pickled function a worker keeps (see _Job.fn_wire)
 
 
 class _BrokenTransfer(SerializationError, BrokenProcessPool):
@@ -155,6 +156,7 @@ class _Job:
     ) -> None:
         self.jid = jid
         self.fn = fn
+        self._fn_wire: Any = None  # see fn_wire
         # A range/list/tuple is sliced in place; any other iterable is read item by item
         # (in chunks only if asked: filling a chunk would hold back items while next() waits).
         self.seq = cast("Sequence[Any]", iterable) if type(iterable) in _SEQUENCES else None
@@ -165,7 +167,9 @@ class _Job:
         self.ordered = ordered
         self.window = window
         self.room = room  # [items]: the pool's bound from the bytes per result (shared)
-        self.cv = threading.Condition(threading.Lock())
+        # Guards the job's state: held directly (a C-level ``with``), waited on through cv.
+        self.lock = threading.Lock()
+        self.cv = threading.Condition(self.lock)
         # Lists of results not handed out yet: by input index of their first (ordered), or
         # in arrival order.
         self.ready: dict[int, list[Any]] | collections.deque[list[Any]] = (
@@ -194,6 +198,25 @@ class _Job:
         self.direct_reads = 0  # items the caller read since the input was handed over
         self.probe_at = _PROBE_FIRST
         self.handed_back = False  # the caller gave the input back to the feed (read_direct)
+        # The results of the caller's own round trip (its item, read by read_direct), handed
+        # straight to it by the thread that received them, its own (see calls.py).
+        self.own: list[Any] | None = None
+
+    def fn_wire(self) -> Any:
+        """The function as the caller's own reads send it (:meth:`read_direct`, one work
+        item each): pickled once, as bytes that a worker unpickles once and keeps (pickling
+        a function by name costs about a microsecond each way), or the function itself
+        where plain pickle cannot send it or its pickle is large."""
+        wire = self._fn_wire
+        if wire is None:
+            try:
+                wire = pickle.dumps(self.fn, protocol=5)
+            except Exception:  # noqa: BLE001 - sent as it is: the codec finds out
+                wire = self.fn
+            if isinstance(wire, bytes) and len(wire) > _FN_WIRE_MAX:
+                wire = self.fn  # a large callable: not kept by the workers
+            self._fn_wire = wire
+        return wire
 
     def has_room(self) -> bool:
         """Whether the feed may start reading more of this job's input: once at least a
@@ -260,7 +283,7 @@ class _Job:
         hands it over to the caller that asked for it, or takes it back while the pool is
         closing (``drain``: the input is read to its end whatever the caller does) unless
         the caller is inside ``next()``."""
-        with self.cv:
+        with self.lock:
             if self.direct:
                 if self.drain and not self.caller_reads:
                     self.direct = self.want_direct = False
@@ -277,17 +300,17 @@ class _Job:
         try:
             x = next(self.it)  # type: ignore[arg-type]
         except StopIteration:
-            with self.cv:
+            with self.lock:
                 self.caller_reads = False
                 self.input_done = True
                 self.cv.notify_all()
             return None
         except BaseException as e:  # noqa: BLE001 - the input's error, raised in its place
-            with self.cv:
+            with self.lock:
                 self.caller_reads = False
             self.fail_input(e)
             return None
-        with self.cv:
+        with self.lock:
             self.caller_reads = False
             index = self.pulled
             self.pulled = index + 1
@@ -307,7 +330,7 @@ class _Job:
         return 1 << 40 if self.drain else min(self.window, self.room[0])
 
     def deliver(self, index: int, ok: bool, value: Any) -> None:
-        with self.cv:
+        with self.lock:
             if self.closed:
                 return
             if not ok:
@@ -326,7 +349,7 @@ class _Job:
     def fail_input(self, error: BaseException) -> None:
         """The input raised ``error`` after ``pulled`` items: an ordered job hands out the
         results ahead of it first (as ``multiprocessing.Pool.imap`` does)."""
-        with self.cv:
+        with self.lock:
             self.input_done = True
             if self.error is None or (self.ordered and self.pulled < self.error_at):
                 self.error = error
@@ -334,7 +357,7 @@ class _Job:
             self.cv.notify_all()
 
     def fail(self, error: BaseException) -> None:
-        with self.cv:
+        with self.lock:
             self.input_done = True
             if self.error is None:
                 self.error = error
@@ -342,5 +365,5 @@ class _Job:
             self.cv.notify_all()
 
     def wake(self) -> None:
-        with self.cv:
+        with self.lock:
             self.cv.notify_all()

@@ -291,6 +291,18 @@ class Pool(_PoolBase):
 
         """
         self._check_open()
+        fut, blob = self._task(fn, args, kwargs)
+        # Sent by this thread if nothing is on its way (no hand-over to the pool's input
+        # thread), else queued for it.
+        if blob is not None and not self._stream.send_task(fut, blob):
+            if not self._schedule.add_task(fut, blob):
+                raise self._closed_error()
+        return fut
+
+    def _task(
+        self, fn: Callable[..., _T], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Future[_T], bytes | None]:
+        """A task's future and pickle (None: the future failed, it does not pickle)."""
         fut: Future[_T] = Future()
         try:
             f = portable(fn, self.start_method, self._bodies)
@@ -307,13 +319,11 @@ class Pool(_PoolBase):
             except Exception:  # noqa: BLE001 - never hide the error for its note
                 pass
             fut.set_exception(e)
-            return fut
+            return fut, None
         # A function whose body lies in a shared arena (see functions.py) keeps it there
         # until its task is done.
         fut.add_done_callback(functools.partial(_keep, f))
-        if not self._schedule.add_task(fut, blob):
-            raise self._closed_error()
-        return fut
+        return fut, blob
 
     def apply_async(
         self,
@@ -401,7 +411,14 @@ class Pool(_PoolBase):
             Any: the result.
         """
         self._check_not_service()
-        return self.submit(func, *tuple(args), **(kwds or {})).result()
+        self._check_open()
+        fut, blob = self._task(func, tuple(args), kwds or {})
+        # Sent and received by this thread if nothing else is on its way (a request/response
+        # loop: no hand-over through the pool's threads), else queued as submit() does.
+        if blob is not None and not self._stream.call_task(fut, blob):
+            if not self._schedule.add_task(fut, blob):
+                raise self._closed_error()
+        return fut.result()
 
     def __enter__(self) -> Pool:
         self._check_open()

@@ -194,6 +194,46 @@ class Scheduler:
         if stream is None or not stream.round_trip(item, job):
             self.resend([item])
 
+    def begin_task(self, fut: Future[Any]) -> int | None:
+        """A submitted task that its caller sends itself while it holds the stream
+        (``Pool.apply``, see ``StreamService.call_task``): its future runs and it counts as
+        on its way; returns its id, or None (nothing done) if the pool is closing or the
+        future was cancelled."""
+        with self._cv:
+            if self._closing or not fut.set_running_or_notify_cancel():
+                return None
+            tid = next(self._ids)
+            self._running[tid] = fut
+        return tid
+
+    def send_task(
+        self, fut: Future[Any], blob: bytes, generation: int, send: Callable[[_WorkItem], bool]
+    ) -> bool:
+        """``Pool.submit`` while nothing is on its way (see ``StreamService.send_task``): if
+        stream ``generation`` is the current one, its feed waits for work and no task waits
+        before this one, the task runs, counts as on its way and is given to ``send`` (the
+        caller's thread sends it), under the lock, so that the stream cannot end meanwhile;
+        one that ``send`` could not send goes to the feed, ahead of other work. False:
+        nothing was done."""
+        with self._cv:
+            if (
+                self._closing
+                or generation != self._generation
+                or not self._feed_waiting
+                or self._tasks
+                or self._resend
+                or len(self._running) >= self._task_window
+                or not fut.set_running_or_notify_cancel()
+            ):
+                return False
+            tid = next(self._ids)
+            self._running[tid] = fut
+            item: _WorkItem = (0, tid, None, blob, _TASK)
+            if not send(item):
+                self._resend.append(item)
+                self._cv.notify_all()
+        return True
+
     def notify(self) -> None:
         """Wakes whoever waits for work (a job's caller made room, say)."""
         with self._cv:
@@ -343,10 +383,10 @@ class Scheduler:
 
     def settle_task(self, tid: int) -> Future[Any] | None:
         """The future of sent task ``tid``, no longer on its way (None if it was failed
-        meanwhile); wakes the feed, which may send another task."""
+        meanwhile); wakes the feed if a task waits (it may send it now)."""
         fut = self._running.pop(tid, None)
-        if fut is not None and self._feed_waiting:
-            self.wake_feed()  # room for another task
+        if fut is not None and self._feed_waiting and self._tasks:
+            self.wake_feed()  # room for a task that waits for it
         return fut
 
     def take_pending(self, unfinished_only: bool) -> tuple[list[_Job], list[Future[Any]]]:

@@ -14,6 +14,7 @@ and properties only.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Iterable
 from concurrent.futures import InvalidStateError
@@ -24,13 +25,13 @@ from easycore._engine.lifecycle import TICK
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
 from easycore._engine.zygote import await_gone
-from easycore.errors import PoolClosedError, RunnerClosedError, SerializationError, WorkerDiedError
+from easycore.errors import PoolClosedError, SerializationError, WorkerDiedError
 from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
 from easycore.parallel.hardstop import StuckWatch, kill_doomed, watch
 from easycore.parallel.job import _Job, broken_transfer, task_error, unsendable_error
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import _TaskHooks
-from easycore.parallel.turn import Left, Turn
+from easycore.parallel.turn import CallerTurns, Turn
 
 _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims at
 # The pool's default ``window`` (items in flight in its stream, and a job's read ahead):
@@ -39,6 +40,10 @@ _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims a
 # and results alike, and each job's results by bytes (StreamService._bound_room), so large
 # items are held to a few.
 _WINDOW = 65536
+# The service thread parks for callers that wait for their tasks (``apply``) for this long
+# after the last one: long enough for a loop's next call, short enough that a pool whose
+# tasks then come through ``submit`` alone soon sends them without a hand-over.
+_TASK_WAIT_S = TICK
 
 
 def _for_pool(e: BaseException) -> BaseException:
@@ -80,7 +85,7 @@ def _service_main(owner: weakref.ref[Any], service: StreamService) -> None:
         del pool
 
 
-class StreamService:
+class StreamService(CallerTurns):
     """The pool's stream (see the module).
 
     Args:
@@ -129,6 +134,8 @@ class StreamService:
         self.max_tasks = int(runner_options.get("max_tasks") or 0)
         self.doomed: list[Any] = []  # workers given up on, killed before the others stop
         self.watch: StuckWatch | None = None  # tasks stuck past task_timeout (hardstop.py)
+        self.task_wait = 0.0  # when a caller last waited for its task (apply): see call_task
+        self.generation = -1  # the current stream's (see Scheduler.begin_task)
         scheduler.attach(self)
 
     def start(self, owner: Any) -> None:
@@ -212,6 +219,7 @@ class StreamService:
                 # maxtasksperchild work messages ran as many tasks (_engine/retire.py).
                 call.input.sizing.max_batch = 1
             self.call = call
+            self.generation = generation
             scheduler.begin_stream(feed)
             self._n_results = 0
             self._run(call)
@@ -273,13 +281,13 @@ class StreamService:
         """Whether the service thread may leave the stream to a caller that reads its own
         input: no ``maxtasksperchild`` nor watch of stuck tasks (``hardstop.py``, which
         ends a stream behind its back), the feed waits for work, a call reads its own input,
-        and nothing is on its way (read by the service thread: guesses, asked again every
-        tick while parked)."""
+        or a caller waits for its task (``apply``, lately), and nothing is on its way (read by
+        the service thread: guesses, asked again every tick while parked)."""
         scheduler = self.scheduler
         call = self.call
         return (
             scheduler.feed_waiting
-            and scheduler.any_direct()
+            and (scheduler.any_direct() or time.monotonic() - self.task_wait < _TASK_WAIT_S)
             and scheduler.direct_ok
             and self.watch is None
             and call is not None
@@ -293,55 +301,6 @@ class StreamService:
         turn = self.turn
         if turn is not None:
             turn.wake()
-
-    def round_trip(self, item: _WorkItem, job: _Job) -> bool:
-        """A caller in a request/response loop read ``item`` of ``job`` itself. If the service
-        thread is parked (nothing else on its way), the caller sends it and receives until
-        its call has a result, in its own thread, and True is returned (it may then have
-        left the rest to the service thread). False: nothing was sent (the feed sends it)."""
-        turn = self.turn
-        if turn is None or not turn.try_take():
-            return False
-        call = turn.call
-        left: Left | None = None
-        wake = True
-        try:
-            if call.abort or not self._health.acquire(blocking=False):
-                return False
-            try:
-                died = self.runner.producer_died()
-            finally:
-                self._health.release()
-            if died:
-                return False  # the service thread finds out (a quiet restart)
-            if not call.input.send_direct([item]):
-                return False
-            jid = job.jid
-            route = self._route
-            while not job.has_result():
-                try:
-                    results = next(turn.chunks)
-                except StopIteration:
-                    left = Left(ended=True)
-                    break
-                except Exception as e:  # the stream failed: the service thread says so
-                    left = Left(error=e)
-                    break
-                except BaseException:  # Ctrl-C in this caller: it stops the pool
-                    left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
-                    raise
-                for r in results:
-                    if r is None or r[0] != jid:
-                        left = Left(handed=results)  # the service thread routes others'
-                        break
-                else:
-                    route(results)
-                    continue
-                break
-            wake = left is not None or not call.drained()
-            return True
-        finally:
-            turn.give_back(left, wake)
 
     def serve_end(self) -> None:
         """The service is over: stops the workers and fails what is still pending."""
@@ -442,7 +401,13 @@ class StreamService:
         if run_jid:
             _deliver(jobs.get(run_jid), run_start, True, run)
         if count:
-            cost = max(seconds / count, 1e-9)  # never 0, which means "not known" (engine)
+            self._learn_cost(seconds, count)
+
+    def _learn_cost(self, seconds: float, count: int) -> None:
+        """``count`` map results came, which took the workers ``seconds``: the cost per item
+        and the room of each job (by bytes per result) follow."""
+        cost = max(seconds / count, 1e-9) if count else 0.0  # never 0 for a known cost
+        if cost:
             prev = self.item_cost
             self.item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
             self._bound_room(count)

@@ -21,7 +21,7 @@ from easycore._engine.producer import Interrupted, seed_for_item, worker_info
 from easycore._engine.reports import error_report, not_picklable_report
 from easycore.common.parallel import engine
 from easycore.parallel.feed import _ONE, _TASK, _WorkItem, _WorkResult
-from easycore.parallel.functions import _ByValue, _load_by_value, by_cloudpickle
+from easycore.parallel.functions import _ByValue, _load_by_value, by_cloudpickle, pickled_function
 from easycore.parallel.hardstop import GRACE_S, bind, limited, slots
 from easycore.parallel.slowest import describe_item
 
@@ -219,6 +219,13 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
             raise
         except BaseException as e:  # noqa: BLE001 - SystemExit too: this chunk's error
             return job, index, False, error_report("task", device, index, e, "unpickle_items")
+    if type(fn) is bytes:
+        try:
+            fn = pickled_function(fn)
+        except Interrupted:
+            raise
+        except BaseException as e:  # noqa: BLE001 - SystemExit too: this chunk's error
+            return job, index, False, error_report("task", device, None, e, "unpickle_task")
     out: list[Any] = []
     try:
         seed = _ITEM_SEED

@@ -6,8 +6,12 @@ its caller took result i) reads its own input in the caller's thread (``calls.py
 nothing else is on its way in the stream, the service thread *parks* (:meth:`Turn.park_if`,
 :meth:`Turn.wait`): it leaves the stream's generator (``Call.iterate_chunks``) suspended
 between two results, and a caller may take the turn (:meth:`Turn.try_take`), send its item
-and advance the generator itself until its result came, with no hand-off through the pool's
-threads (the caller's thread and the worker: two wake-ups a round trip, as a bare pipe).
+and receive until its result came (the engine's lean step, ``Call.exchange``, else the
+generator itself), with no hand-off through the pool's threads (the caller's thread and the
+worker: two wake-ups a round trip, as a bare pipe). ``Pool.apply`` does the same for its
+task; after one, the service thread parks while nothing is on its way for a while
+(``StreamService._park_ok``). What the callers do is :class:`CallerTurns`, a part of the
+stream service.
 
 The service thread wakes (:meth:`Turn.wake`) when the feed has new work or the stream
 ends, when the pool is terminated, and when a caller gives the turn back with something
@@ -20,10 +24,22 @@ parked (a worker died, say).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+import time
+from collections.abc import Callable, Generator
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any
 
 from easycore._engine.lifecycle import TICK
+from easycore._engine.stream import WaitInterrupted
+from easycore.errors import RunnerClosedError
+from easycore.parallel.feed import _TASK, _WorkItem
+
+if TYPE_CHECKING:
+    from easycore._engine.stream import Call
+    from easycore.parallel.hardstop import StuckWatch
+    from easycore.parallel.job import _Job
+    from easycore.parallel.schedule import Scheduler
+    from easycore.parallel.tasks import _TaskHooks
 
 
 class Left:
@@ -47,10 +63,13 @@ class Left:
 class Turn:
     """The right to advance one stream's generator ``chunks`` of ``call`` (see the module)."""
 
-    def __init__(self, call: Any, chunks: Iterator[list[Any]]) -> None:
+    def __init__(self, call: Any, chunks: Generator[list[Any], None, None]) -> None:
         self.call = call
         self.chunks = chunks
-        self.cond = threading.Condition(threading.Lock())  # guards the fields below
+        # Guards the fields below; a caller's take and give-back hold it directly (a C-level
+        # ``with``), the service thread waits on ``cond``.
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
         self.parked = False  # the service thread leaves the stream to callers
         self.caller = False  # a caller holds the turn
         self.wakes = 0  # bumped to end the service thread's park
@@ -67,7 +86,7 @@ class Turn:
         w = self.wakes
         if not ok():
             return False
-        with self.cond:
+        with self.lock:
             if self.wakes != w or self.closed:
                 return False
             self.parked = True
@@ -92,7 +111,7 @@ class Turn:
 
     def wake(self) -> None:
         """Ends the service thread's park (any thread): there is work for it."""
-        with self.cond:
+        with self.lock:
             self.wakes += 1
             if self.parked:
                 self.cond.notify_all()
@@ -100,7 +119,7 @@ class Turn:
     def close(self) -> None:
         """The stream is over: no caller takes the turn from now on; waits for one that
         holds it to give it back."""
-        with self.cond:
+        with self.lock:
             self.closed = True
             self.parked = False
             while self.caller:
@@ -110,7 +129,7 @@ class Turn:
 
     def try_take(self) -> bool:
         """Takes the turn if the service thread is parked and nobody holds it."""
-        with self.cond:
+        with self.lock:
             if not self.parked or self.caller or self.left is not None or self.closed:
                 return False
             self.caller = True
@@ -120,7 +139,7 @@ class Turn:
         """Gives the turn back, leaving ``left`` to the service thread; with ``wake`` (work
         on its way) the service thread takes the stream back. A parked service thread
         with nothing to do is not woken: the next round trip finds it parked still."""
-        with self.cond:
+        with self.lock:
             self.caller = False
             if left is not None:
                 self.left = left
@@ -128,3 +147,211 @@ class Turn:
                 self.wakes += 1
             if self.closed or self.left is not None or self.wakes != self.parked_at:
                 self.cond.notify_all()
+
+
+class CallerTurns:
+    """The callers' side of the turn, a part of ``StreamService`` (``service.py``): a caller
+    that waits for its own work sends it and receives its result in its own thread while
+    the service thread is parked (:meth:`round_trip` for an item a call read itself,
+    :meth:`call_task` for ``apply``), or sends its task itself while nothing is on its way
+    (:meth:`send_task`, for ``submit``)."""
+
+    # What the stream service has, that the callers' side uses.
+    turn: Turn | None
+    call: Call | None
+    scheduler: Scheduler
+    runner: _TaskHooks
+    watch: StuckWatch | None
+    generation: int
+    task_wait: float
+    _health: threading.Lock
+
+    def _route(self, results: list[Any]) -> None: ...
+
+    def _learn_cost(self, seconds: float, count: int) -> None: ...
+
+    def input_coming(self) -> None: ...
+
+    def _take_turn(self) -> Turn | None:
+        """The turn to advance the stream, if the service thread is parked (nothing else on
+        its way) and the stream's workers are alive; None: not taken (a dead worker is the
+        service thread's to find: a quiet restart)."""
+        turn = self.turn
+        if turn is None or not turn.try_take():
+            return None
+        taken = False
+        try:
+            if turn.call.abort or not self._health.acquire(blocking=False):
+                return None
+            try:
+                taken = not self.runner.producer_died()
+            finally:
+                self._health.release()
+            return turn if taken else None
+        finally:
+            if not taken:
+                turn.give_back(None, True)
+
+    def round_trip(self, item: _WorkItem, job: _Job) -> bool:
+        """A caller in a request/response loop read ``item`` of ``job`` itself. If the service
+        thread is parked (nothing else on its way), the caller sends it and receives until
+        its call has a result, in its own thread, and True is returned (it may then have
+        left the rest to the service thread). Its own result is handed straight to it
+        (``job.own``). False: nothing was sent (the feed sends it)."""
+        turn = self._take_turn()
+        if turn is None:
+            return False
+        call = turn.call
+        left: Left | None = None
+        wake = True
+        try:
+            if not call.input.send_direct([item], now=True):
+                return False
+            jid = job.jid
+            index = item[1]
+            route = self._route
+            while job.own is None and not job.has_result():
+                try:
+                    got = _receive(turn)
+                except StopIteration:
+                    left = Left(ended=True)
+                    break
+                except Exception as e:  # the stream failed: the service thread says so
+                    left = Left(error=e)
+                    break
+                except BaseException as e:  # Ctrl-C in this caller: it stops the pool
+                    left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
+                    if isinstance(e, WaitInterrupted):
+                        raise KeyboardInterrupt from None
+                    raise
+                if got is None:
+                    break  # the service thread receives it
+                for k, results in enumerate(got):
+                    if len(results) == 1 and job.own is None:
+                        r = results[0]
+                        if r is not None and r[0] == jid and r[2] and r[1] == index:
+                            # Its own result: straight to the caller (this thread).
+                            out, secs = r[3]
+                            job.own = out
+                            self._learn_cost(secs, len(out))
+                            continue
+                    for r in results:
+                        if r is None or r[0] != jid:
+                            # The service thread routes others' results (from here on).
+                            left = Left(handed=[x for rs in got[k:] for x in rs])
+                            break
+                    else:
+                        route(results)
+                        continue
+                    break
+                if left is not None:
+                    break
+            wake = left is not None or not call.drained()
+            return True
+        finally:
+            turn.give_back(left, wake)
+
+    def call_task(self, fut: Future[Any], blob: bytes) -> bool:
+        """``Pool.apply``: a caller about to wait for its task. If the service thread is
+        parked (nothing else on its way), the caller sends the task and receives until its
+        future is done (or it left the rest to the service thread), in its own thread, and
+        True is returned; False: nothing was done (the caller queues the task). Either way
+        the service thread parks after tasks too for a while, so that the next ``apply`` of
+        a loop finds it parked."""
+        self.task_wait = time.monotonic()
+        turn = self._take_turn()
+        if turn is None:
+            return False
+        call = turn.call
+        left: Left | None = None
+        wake = True
+        try:
+            tid = self.scheduler.begin_task(fut)
+            if tid is None:
+                return False  # closing: the caller's queueing says so
+            item: _WorkItem = (0, tid, None, blob, _TASK)
+            if not call.input.send_direct([item], now=True):
+                self.scheduler.resend([item])  # sent by the feed, ahead of other work
+                return True
+            route = self._route
+            while not fut.done():
+                try:
+                    got = _receive(turn)
+                except StopIteration:
+                    left = Left(ended=True)
+                    break
+                except Exception as e:  # the stream failed: the service thread says so
+                    left = Left(error=e)
+                    break
+                except WaitInterrupted:  # Ctrl-C while waiting: the stream goes on
+                    raise KeyboardInterrupt from None
+                except BaseException:  # Ctrl-C inside the receiving loop: it ended
+                    left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
+                    raise
+                if got is None:
+                    break  # the service thread receives it
+                for k, results in enumerate(got):
+                    if all(r is not None and r[0] == 0 and r[1] == tid for r in results):
+                        route(results)  # its own future, done in this thread
+                        continue
+                    # The service thread routes others' results (from here on).
+                    left = Left(handed=[x for rs in got[k:] for x in rs])
+                    break
+                if left is not None:
+                    break
+            wake = left is not None or not call.drained()
+            return True
+        finally:
+            turn.give_back(left, wake)
+
+    def send_task(self, fut: Future[Any], blob: bytes) -> bool:
+        """``submit`` while nothing is on its way: the calling thread sends the task itself
+        (no hand-over to the feed's thread), and the service thread receives its result as
+        usual. False: nothing was done (the caller queues the task: the feed sends it)."""
+        call = self.call
+        scheduler = self.scheduler
+        if (
+            call is None
+            or call.abort
+            or self.watch is not None
+            or not scheduler.feed_waiting
+            or not scheduler.direct_ok
+            or not call.drained()
+            or not self._health.acquire(blocking=False)
+        ):
+            return False
+        try:
+            died = self.runner.producer_died()
+        finally:
+            self._health.release()
+        if died:
+            return False  # the feed finds out before it sends (a quiet restart)
+        inp = call.input
+
+        def send(item: _WorkItem) -> bool:  # under the scheduler's lock: the stream stays
+            # Not into a call that a new stream replaced since it was read above (an idle
+            # stream's end keeps the generation): the feed sends it then.
+            return self.call is call and inp.send_direct([item], now=True)
+
+        if not scheduler.send_task(fut, blob, self.generation, send):
+            return False
+        self.input_coming()  # a parked service thread takes the stream back
+        return True
+
+
+def _receive(turn: Turn) -> list[list[Any]] | None:
+    """The next messages' results of the stream that ``turn``'s holder advances, by the
+    call's lean step (``Call.exchange``), else (an error to raise first…) by its receiving
+    loop, which ends the call on an error (an error of the lean step is thrown into it).
+    None: nothing came within a tick, or a wake-up came (other work on its way): the holder
+    leaves the stream to the service thread and waits the common way, where Ctrl-C and
+    other callers' work find the pool as they always do."""
+    try:
+        got = turn.call.exchange(TICK)
+    except WaitInterrupted:
+        raise  # nothing was taken: the call goes on unless its caller ends it
+    except BaseException as e:  # noqa: BLE001 - the loop ends the call and raises it
+        return [turn.chunks.throw(e)]
+    if got is None:
+        return [next(turn.chunks)]
+    return got or None
