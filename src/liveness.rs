@@ -346,16 +346,28 @@ pub fn bury(id: Identity) -> bool {
     let Ok(c) = trust::c_path(&id.token_path()) else {
         return false;
     };
-    bury_at(&c)
+    bury_at(&c, Duration::ZERO)
 }
 
-/// [`bury`] by path.
-pub(crate) fn bury_at(c: &std::ffi::CStr) -> bool {
+/// [`bury`] for an owner whose death this process has just seen (a watchdog): every process
+/// that watched it learns of the death at the same moment and probes or buries the same
+/// token, each holding its lock for a few system calls, so a single try can find it held by
+/// another of them, and each of them then leave the token behind. The lock is asked for again
+/// for up to [`LOCK_WAIT`].
+pub fn bury_dead(id: Identity) -> bool {
+    let Ok(c) = trust::c_path(&id.token_path()) else {
+        return false;
+    };
+    bury_at(&c, LOCK_WAIT)
+}
+
+/// [`bury`] by path, asking for the token's lock for up to `wait`.
+pub(crate) fn bury_at(c: &std::ffi::CStr, wait: Duration) -> bool {
     let Opened::Ours(fd, _) = trust::open_own(c, libc::O_RDONLY) else {
         return false;
     };
-    // SAFETY: fd is ours; the lock is released by the close (drop of `fd`).
-    if unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+    // The lock is released by the close (drop of `fd`).
+    if !trust::flock_within(fd.as_raw_fd(), libc::LOCK_EX, wait) {
         return false;
     }
     // Unlink only the file we hold (a new one under the same name is someone else's).
@@ -478,11 +490,15 @@ pub fn drop_inherited_holds(keep: &[QueueTag]) -> usize {
     n
 }
 
-/// Closes every queue-token descriptor this process holds and returns their tags. Only for a
-/// process that ends right after (a watchdog before `_exit`): the queue handles that own the
-/// descriptors must never run again. The caller then removes the names of the queues nobody
-/// holds any more ([`crate::shm::leave_queues`]).
+/// Lets go of every queue hold of this process and returns the queues' tags: for a process
+/// that is ending (a watchdog before `_exit`, a producer on its way out). Each descriptor is
+/// replaced by `/dev/null` rather than closed, as in [`drop_inherited_holds`]: the queue
+/// handles that own them may still be dropped (and close them) before the process ends. The
+/// caller then removes the names of the queues nobody holds any more
+/// ([`crate::shm::leave_queues`]).
 pub fn release_queue_holds() -> Vec<QueueTag> {
+    // SAFETY: a valid C string; the descriptor is ours and closed below.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
     let mut tags = Vec::new();
     for (f, t) in HOLD_FDS.iter().zip(&HOLD_TAGS) {
         let fd = f.load(Ordering::Acquire);
@@ -491,10 +507,20 @@ pub fn release_queue_holds() -> Vec<QueueTag> {
                 .is_ok()
         {
             tags.push(QueueTag(t.load(Ordering::Relaxed)));
-            // SAFETY: the descriptor was registered by a live QueueToken of this process; the
-            // caller ends the process before that token could close it again.
-            unsafe { libc::close(fd) };
+            if null >= 0 {
+                // SAFETY: `fd` was registered by a live QueueToken of this process; dup2 swaps
+                // what it refers to atomically and keeps the number the token owns.
+                unsafe { libc::dup2(null, fd) };
+            } else {
+                // SAFETY: as above; without /dev/null the descriptor is closed (the ending
+                // process's handles are not dropped after: a watchdog's `_exit`).
+                unsafe { libc::close(fd) };
+            }
         }
+    }
+    if null >= 0 {
+        // SAFETY: `null` was opened above and is not used after.
+        unsafe { libc::close(null) };
     }
     tags
 }
@@ -908,8 +934,43 @@ mod tests {
             let path = q.tag().token_path();
             assert!(std::path::Path::new(&path).exists());
             // A burier cannot take a held token.
-            assert!(!bury_at(&crate::trust::c_path(&path).unwrap()));
+            assert!(!bury_at(
+                &crate::trust::c_path(&path).unwrap(),
+                Duration::ZERO
+            ));
             assert!(LastHold::take(q.tag()).is_none());
         }
+    }
+
+    #[test]
+    fn a_dead_owners_token_held_for_an_instant_by_a_prober_is_still_buried_by_its_watchdog() {
+        // A dead process's genuine token (0600, ours), held shared for 20 ms by another
+        // process that learned of the death at the same moment (here a thread's descriptor).
+        let id = Identity {
+            pid: i32::MAX as u32 - 13,
+            nonce: (crate::trust::random_u64().unwrap() as u32).max(1),
+        };
+        let path = id.token_path();
+        let c = crate::trust::c_path(&path).unwrap();
+        let Ok(fd) = trust::create_own(&c) else {
+            panic!("cannot create {path}");
+        };
+        // SAFETY: fd is ours; a shared lock, released when `fd` closes.
+        assert_eq!(unsafe { libc::flock(fd.as_raw_fd(), libc::LOCK_SH) }, 0);
+        let (go, gone) = std::sync::mpsc::channel::<()>();
+        let prober = std::thread::spawn(move || {
+            gone.recv().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+            drop(fd);
+        });
+        assert!(!bury(id), "one try finds the lock held");
+        go.send(()).unwrap();
+        // What `bury_dead` does, with a bound no stalled machine reaches.
+        assert!(
+            bury_at(&c, Duration::from_secs(60)),
+            "asked again, it is removed"
+        );
+        assert!(!std::path::Path::new(&path).exists());
+        prober.join().unwrap();
     }
 }

@@ -372,13 +372,26 @@ pub fn owner_of(name: &str) -> Option<Owner> {
 /// Removes every name in `/dev/shm` owned by `owner` (segments and its token), if `owner` is
 /// dead. Returns how many were removed.
 pub fn sweep_owner(owner: Identity) -> usize {
-    sweep(|o| o == Owner::Process(owner))
+    sweep(|o| o == Owner::Process(owner), Burial::Patient)
 }
 
 /// Removes the names of processes with these pids that are dead (any nonce): for a parent that
-/// reaped its children. Returns how many were removed.
+/// reaped its children, or a child that learned its parent died. Returns how many were
+/// removed.
 pub fn sweep_pids(pids: &[u32]) -> usize {
-    sweep(|o| matches!(o, Owner::Process(id) if pids.contains(&id.pid)))
+    sweep(
+        |o| matches!(o, Owner::Process(id) if pids.contains(&id.pid)),
+        Burial::Patient,
+    )
+}
+
+/// How a sweep takes a dead process's token: one try at its lock, or (for a death this
+/// process just learned of: see [`liveness::bury_dead`]) asked again for a moment, since the
+/// others that learned of it probe or bury the same token at the same time.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Burial {
+    OneTry,
+    Patient,
 }
 
 /// For a process that ends right after (a watchdog before `_exit`): lets go of every queue
@@ -389,7 +402,10 @@ pub fn leave_queues() -> usize {
     if tags.is_empty() {
         return 0;
     }
-    sweep(|o| matches!(o, Owner::Queue(t) if tags.contains(&t)))
+    sweep(
+        |o| matches!(o, Owner::Queue(t) if tags.contains(&t)),
+        Burial::OneTry,
+    )
 }
 
 /// Removes segments (and liveness tokens) left in `/dev/shm` by owners that are dead, and the
@@ -397,7 +413,7 @@ pub fn leave_queues() -> usize {
 /// share `/dev/shm` (their tokens are held), names of other formats, and anything that is not
 /// a regular file of our uid are left alone. Returns how many were removed.
 pub fn sweep_stale() -> usize {
-    sweep(|_| true)
+    sweep(|_| true, Burial::OneTry)
 }
 
 /// Whether the entry is a regular file of ours (never follows a link).
@@ -409,7 +425,7 @@ fn ours(entry: &std::fs::DirEntry) -> bool {
     })
 }
 
-fn sweep(select: impl Fn(Owner) -> bool) -> usize {
+fn sweep(select: impl Fn(Owner) -> bool, burial: Burial) -> usize {
     let Ok(dir) = std::fs::read_dir(liveness::SHM_DIR) else {
         return 0;
     };
@@ -442,7 +458,10 @@ fn sweep(select: impl Fn(Owner) -> bool) -> usize {
                 if liveness::owner_dead(id) {
                     unlink_ours(&entries);
                     // The token last, holding its lock (a missing one needs nothing).
-                    tokens += usize::from(liveness::bury(id));
+                    tokens += usize::from(match burial {
+                        Burial::OneTry => liveness::bury(id),
+                        Burial::Patient => liveness::bury_dead(id),
+                    });
                 }
             }
             Owner::Queue(tag) => {

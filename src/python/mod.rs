@@ -60,6 +60,14 @@ fn sweep_dead_pids(py: Python<'_>, pids: Vec<u32>) -> usize {
     detach::detach(py, move || crate::shm::sweep_pids(&pids))
 }
 
+/// For a process on its way out: lets go of every queue it holds and removes the names of
+/// those that no process holds any more (it was the last to use them). Returns how many names
+/// were removed. Its queue handles should not be used after.
+#[pyfunction]
+fn leave_queues(py: Python<'_>) -> usize {
+    detach::detach(py, crate::shm::leave_queues)
+}
+
 /// In a process just forked: lets go of the queue holds it inherited, except those of the
 /// queues named in `keep` (its own). Returns how many were let go.
 #[pyfunction]
@@ -157,6 +165,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sweep_dead_pids, m)?)?;
     m.add_function(wrap_pyfunction!(shm_space, m)?)?;
     m.add_function(wrap_pyfunction!(drop_inherited_holds, m)?)?;
+    m.add_function(wrap_pyfunction!(leave_queues, m)?)?;
     m.add_function(wrap_pyfunction!(owner_alive, m)?)?;
     m.add_function(wrap_pyfunction!(identity, m)?)?;
     m.add_function(wrap_pyfunction!(exit_when_dead, m)?)?;

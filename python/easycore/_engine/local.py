@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from easycore._core import Queue, identity, shm_space, sweep_stale_segments
+from easycore._core import Queue, identity, leave_queues, shm_space, sweep_stale_segments
 from easycore._engine import producer as _producer
 from easycore._engine import wire
 from easycore._engine.extension import Fixer
@@ -339,7 +339,13 @@ def _zygote_producer(start: ProducerStart, blob: bytes, fds: list[int]) -> None:
     """A producer forked by the zygote: attaches to the queues and the shared state it was
     sent, then runs as any forked producer (``start`` is the zygote's copy: the caller's
     as it was when the zygote was made)."""
-    i, in_q, out_q, parent_pid, n = pickle.loads(blob)  # the queues attach by name
+    try:
+        i, in_q, out_q, parent_pid, n = pickle.loads(blob)  # the queues attach by name
+    except BaseException:
+        # One queue attached, the other gone (the caller died meanwhile): the process ends
+        # with os._exit, so its hold is let go of here, and the names with it if it was last.
+        leave_queues()
+        raise
     state = memoryview(mmap.mmap(fds[-1], 8 * _producer.state_size(n))).cast("q")
     os.close(fds[-1])
     producer_main(

@@ -24,7 +24,15 @@ import signal
 import sys
 from typing import Any
 
-from easycore._core import Queue, drop_inherited_holds, exit_when_dead, owner_alive, retire_identity
+from easycore._core import (
+    Queue,
+    drop_inherited_holds,
+    exit_when_dead,
+    leave_queues,
+    owner_alive,
+    retire_identity,
+    sweep_dead_pids,
+)
 from easycore._engine import leases, wire
 from easycore._engine.producer import (
     Interrupted,
@@ -145,6 +153,27 @@ def producer_main(
             on, and ``abort_below``), ``codec`` (the flavour's) and ``fix_unsendable`` (see
             ``extension.Extension``).
     """
+    try:
+        _produce(runner_cls, index, device, cfg, in_q, out_q, parent_pid, setup, options)
+    finally:
+        # Whatever ended it (its caller gone, a retirement, a stop): it lets go of its
+        # queues, and removes the names of those it was the last to use (the process ends
+        # with os._exit, which drops no handle).
+        leave_queues()
+
+
+def _produce(
+    runner_cls: Any,
+    index: int,
+    device: str,
+    cfg: Any,
+    in_q: Queue,
+    out_q: Queue,
+    parent_pid: int,
+    setup: Any,
+    options: dict[str, Any] | None,
+) -> None:
+    """:func:`producer_main`'s body."""
     opts = options or {}
     fault("start")
     ignore_signal(signal.SIGINT)
@@ -161,6 +190,8 @@ def producer_main(
         exit_when_dead(owner)
     alive = _parent_check(owner, parent_pid)
     if not alive():
+        if owner is not None:  # its names go with it (its other children may be ending too)
+            sweep_dead_pids([int(owner.split("-", 1)[0])])
         return
     n = int(opts.get("n", 1))
     core = ProducerCore(

@@ -44,13 +44,30 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from easycore._core import drop_inherited_holds, owner_alive
+from easycore._core import drop_inherited_holds, owner_alive, sweep_dead_pids
 
 _OWNER_CHECK_S = 0.5  # seconds between the zygote's looks at its caller's liveness token
 _REPLY_S = 60.0  # most seconds the caller waits for the zygote to answer a fork request
 _EXIT_REPORT_S = 5.0  # most seconds the caller waits for a child's exit code once it exited
 _MAX_PACKET = 1 << 16
 UNKNOWN_EXIT = 255  #: exit code of a child whose zygote died before it could report it
+
+
+def _leave(owner: str | None) -> None:
+    """Ends the zygote. If its caller died, removes the caller's names first (its liveness
+    token above all): the caller's other children may be ending at that moment themselves,
+    and a token nobody buries stays until the next sweep."""
+    if owner is not None:
+        # Its end of the socket closes as the caller dies, a moment before the kernel lets
+        # go of its liveness token: a caller that is ending is given a second to be seen so.
+        deadline = time.monotonic() + 1.0
+        alive = owner_alive(owner)
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.01)
+            alive = owner_alive(owner)
+        if not alive:
+            sweep_dead_pids([int(owner.split("-", 1)[0])])
+    os._exit(0)
 
 
 def _zygote_main(sock: socket.socket, owner: str | None, target: Callable[..., Any]) -> None:
@@ -63,7 +80,7 @@ def _zygote_main(sock: socket.socket, owner: str | None, target: Callable[..., A
         try:
             sock.send(pickle.dumps(msg))
         except OSError:
-            os._exit(0)  # the caller is gone
+            _leave(owner)  # the caller is gone
 
     sfd = sock.fileno()
     next_check = time.monotonic() + _OWNER_CHECK_S
@@ -73,7 +90,7 @@ def _zygote_main(sock: socket.socket, owner: str | None, target: Callable[..., A
         if time.monotonic() >= next_check:
             next_check = time.monotonic() + _OWNER_CHECK_S
             if owner is not None and not owner_alive(owner):
-                os._exit(0)  # the caller died (its children watch it themselves)
+                _leave(owner)  # the caller died (its children watch it themselves)
         for fd in ready:
             if fd in kids:
                 rid, proc = kids.pop(fd)
@@ -85,9 +102,9 @@ def _zygote_main(sock: socket.socket, owner: str | None, target: Callable[..., A
         try:
             data, fds, _flags, _addr = socket.recv_fds(sock, _MAX_PACKET, 8)
         except OSError:
-            os._exit(0)
+            _leave(owner)
         if not data:
-            os._exit(0)  # the caller closed its end
+            _leave(owner)  # the caller closed its end (or died)
         msg = pickle.loads(data)
         if msg[0] != "fork":
             os._exit(0)  # "stop"
