@@ -546,7 +546,7 @@ def test_a_batch_of_few_items_barely_moves_the_learned_cost():
         wait_seen={0: 0.0},
         stats=SimpleNamespace(producer_busy_s={0: 0.0}, producer_wait_s={0: 0.0}),
         learned=learned,
-        input=SimpleNamespace(sizing=SimpleNamespace(batch_size=lambda: 2048)),
+        input=SimpleNamespace(sizing=SimpleNamespace(batch_size=lambda: 2048, cost=None)),
     )
     Call._learn(call, 0, 6e-6, 0.0, 1)  # one item, 6 µs: the fixed part
     assert learned.cost_per_item < 0.21e-6  # before: 1.9e-6
