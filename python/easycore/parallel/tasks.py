@@ -20,6 +20,7 @@ from easycore._engine.insights import describe_items_with
 from easycore._engine.producer import Interrupted, seed_for_item, worker_info
 from easycore._engine.reports import error_report, not_picklable_report
 from easycore.common.parallel import engine
+from easycore.parallel.chunk_args import ChunkArgs, guard_args
 from easycore.parallel.feed import _ONE, _TASK, _WorkItem, _WorkResult
 from easycore.parallel.functions import _ByValue, _load_by_value, by_cloudpickle, pickled_function
 from easycore.parallel.hardstop import GRACE_S, bind, limited, slots
@@ -137,70 +138,6 @@ def _run_exit(device: str, cfg: Any) -> Any:
     return _EXIT() if _EXIT is not None else None
 
 
-class _Args:
-    """A chunk's arguments pickled on their own (by the pool's codec, out-of-band buffers
-    kept out of band): a work item that carries them always unpickles in its worker, where
-    :meth:`load` rebuilds them inside the chunk's own error handling, so an item that
-    cannot be unpickled fails its own call, not the batch and the stream that every call
-    and future of the pool shares."""
-
-    __slots__ = ("parts",)
-
-    def __init__(self, *parts: Any) -> None:
-        self.parts = parts
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (
-            _Args,
-            tuple(p if isinstance(p, bytes) else pickle.PickleBuffer(p) for p in self.parts),
-        )
-
-    def load(self, codec: wire.Codec | None = None) -> Any:
-        """The arguments, rebuilt by ``codec`` (default: a worker's, the pool's codec)."""
-        return (codec or _CODEC[0]).loads(self.parts)
-
-
-_PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
-
-
-def _plain(args: Any) -> bool:
-    """Whether a chunk's arguments are builtin scalars, or tuples of them (``starmap``):
-    they always unpickle, so they need no pickling of their own (a few dozen ns an item,
-    where a pickling of its own costs about a microsecond)."""
-    if type(args) is not list:
-        return False  # e.g. arguments already pickled by cloudpickle (functions._Pickled)
-    plain = _PLAIN
-    for a in args:
-        t = type(a)
-        if t in plain:
-            continue
-        if t is not tuple or not all(type(x) in plain for x in a):
-            return False
-    return True
-
-
-def guard_args(
-    pack: Callable[[list[Any]], list[Any]], codec: wire.Codec
-) -> Callable[[list[Any]], list[Any]]:
-    """``pack`` (the feed's), with each chunk's arguments pickled on their own (:class:`_Args`)
-    unless they are plain builtins (:func:`_plain`). Arguments that do not pickle so stay as
-    they are (the batch's pickling then finds them:
-    see :meth:`PoolExtension.keep_sendable`)."""
-    dumps = codec.dumps
-
-    def guarded(items: list[Any]) -> list[Any]:
-        out = pack(items)
-        for k, item in enumerate(out):
-            if item is not None and item[4] != _TASK and not _plain(item[3]):
-                try:
-                    out[k] = (item[0], item[1], item[2], _Args(*dumps(item[3])), item[4])
-                except Exception:  # noqa: BLE001, S112 - sent as it is: see above
-                    continue
-        return out
-
-    return guarded
-
-
 def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | None:
     """Runs one work item (``data``): a chunk of a map job (``arg`` is a list of arguments)
     or a submitted task. Returns ``(job, index, ok, value)``: for a chunk ``value`` is
@@ -212,9 +149,9 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
     ring = _ABANDONED
     if job and ring is not None and ring[job & _RING_MASK] == job:
         return None  # its call was abandoned (an imap left by break): skipped
-    if type(arg) is _Args:
+    if type(arg) is ChunkArgs:
         try:
-            arg = arg.load()
+            arg = arg.load(_CODEC[0])
         except Interrupted:
             raise
         except BaseException as e:  # noqa: BLE001 - SystemExit too: this chunk's error
@@ -338,7 +275,7 @@ def _by_value(
     if item is None:
         return None
     job, index, fn, arg, mode = item
-    if type(arg) is _Args:
+    if type(arg) is ChunkArgs:
         arg = arg.load(codec)  # they pickled (by the pool's codec): fn did not
     try:
         wrapped = (job, index, fn, by_cloudpickle(arg), mode)
