@@ -151,6 +151,48 @@ def test_submit_and_other_callers_interleave_with_a_direct_loop():
         assert p.stats.direct_items > 0
 
 
+def test_the_item_read_as_its_caller_hands_the_input_back_goes_out_first(monkeypatch):
+    """The item a caller reads as it hands its input back to the feed (a probe) is sent, or
+    queued ahead of all else, before the feed may read on: the feed, blocked in an input that
+    waits for that item's result, would never send it. Here the stream never lets the caller
+    send its items itself (the feed sends them: the stream is busy with others' work, say),
+    and the feed gets every chance to read on first."""
+    from easycore.parallel.job import _PROBE_FIRST
+    from easycore.parallel.service import StreamService
+
+    got: queue.Queue[int] = queue.Queue()
+    me = threading.current_thread()
+    feed_enters = threading.Event()  # the feed asked the input for an item
+    in_a_row = [0]  # items the caller read in a row
+    probed: list[int] = []
+
+    def feedback(n: int) -> Iterator[int]:
+        for i in range(n):
+            if threading.current_thread() is not me:
+                in_a_row[0] = 0
+                feed_enters.set()
+            if i:
+                got.get(timeout=30)  # raises queue.Empty instead of hanging
+            if threading.current_thread() is me:
+                in_a_row[0] += 1
+                feed_enters.clear()
+            yield i
+
+    def round_trip(self: StreamService, item: object, job: object) -> bool:
+        if in_a_row[0] == _PROBE_FIRST and not probed:
+            probed.append(in_a_row[0])
+            feed_enters.wait(5)  # the feed's chance to read on before the item is queued
+        return False  # queued for the feed
+
+    monkeypatch.setattr(StreamService, "round_trip", round_trip)
+    n = 3 * _PROBE_FIRST
+    with Pool(2) as p:
+        out: list[int] = []
+        _loop(p.imap(pd.same, feedback(n)), got, out)
+        assert out == list(range(n))
+        assert probed == [_PROBE_FIRST]  # the caller read the input itself, to a probe
+
+
 def test_two_feedback_loops_from_two_threads():
     results: dict[int, list[int]] = {}
 

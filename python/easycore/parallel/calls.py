@@ -194,14 +194,14 @@ def _read_and_send(job: _Job, scheduler: Scheduler) -> list[Any] | None:
     results if they came straight back to this thread (``job.own``), else None: they come
     the common way (through the job, as an error does)."""
     got = job.read_direct()
-    if job.handed_back:
-        job.handed_back = False
-        scheduler.notify()  # the feed reads the input again
     if got is None:
         scheduler.wake_feed()  # the input ended or failed (a closing pool may end)
         return None
     x, index = got
-    scheduler.send_direct((job.jid, index, job.fn_wire(), [x], job.mode), job)
+    try:
+        scheduler.send_direct((job.jid, index, job.fn_wire(), [x], job.mode), job)
+    finally:
+        scheduler.sent_direct(job)  # if the round trip did not say so as it sent the item
     own, job.own = job.own, None
     return own
 

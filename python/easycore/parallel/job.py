@@ -189,15 +189,17 @@ class _Job:
         self.drain = False
         self.waiting = False
         # The caller reads the input itself (calls.py): asked (want_direct), handed over by
-        # the feed when it is not reading it (direct), while the caller is inside next()
-        # (caller_reads). Written under cv.
+        # the feed when it is not reading it (direct), while the caller reads an item and
+        # until that item is sent or queued (caller_reads). Written under cv.
         self.want_direct = False
         self.direct = False
         self.caller_reads = False
         self.starved = 0  # the caller's waits in a row with nothing on its way
         self.direct_reads = 0  # items the caller read since the input was handed over
         self.probe_at = _PROBE_FIRST
-        self.handed_back = False  # the caller gave the input back to the feed (read_direct)
+        # The caller's last read ends a probe interval: the input goes back to the feed once
+        # that item is sent or queued (read_direct, sent_direct).
+        self.handing_back = False
         # The results of the caller's own round trip (its item, read by read_direct), handed
         # straight to it by the thread that received them, its own (see calls.py).
         self.own: list[Any] | None = None
@@ -294,9 +296,10 @@ class _Job:
 
     def read_direct(self) -> tuple[Any, int] | None:
         """The caller reads the next item itself (after :data:`READ`): ``(item, index)``, or
-        None when the input ended or raised (then the job says so, as the feed would). After
-        a probe interval (or while closing) the input goes back to the feed; the caller
-        then tells the scheduler (:attr:`handed_back`)."""
+        None when the input ended or raised (then the job says so, as the feed would). The
+        caller stays inside ``next()`` (``caller_reads``) until the item is sent or queued:
+        :meth:`sent_direct` follows, which hands the input back to the feed after a probe
+        interval (or while closing)."""
         try:
             x = next(self.it)  # type: ignore[arg-type]
         except StopIteration:
@@ -311,19 +314,31 @@ class _Job:
             self.fail_input(e)
             return None
         with self.lock:
-            self.caller_reads = False
             index = self.pulled
             self.pulled = index + 1
             self.direct_reads += 1
             if self.drain or self.direct_reads >= self.probe_at:
-                # Back to the feed, which reads ahead while this item is on its way: an input
-                # that now runs ahead is read in segments again; a request/response one is
-                # asked for again at the caller's next wait, and kept twice as long.
+                self.handing_back = True
+        return x, index
+
+    def sent_direct(self) -> bool:
+        """The item of :meth:`read_direct` was sent, or queued for the feed ahead of all other
+        work (called again after that, it does nothing): the caller is done reading. Whether
+        it handed the input back to the feed (the scheduler then wakes it): only now, as the
+        feed, which may block in an input waiting for that item's result, would never send
+        an item queued after it began to read. The feed then reads ahead while the item is
+        on its way: an input that now runs ahead is read in segments again; a
+        request/response one is asked for again at the caller's next wait, and kept twice as
+        long."""
+        with self.lock:
+            self.caller_reads = False
+            back = self.handing_back
+            if back:
+                self.handing_back = False
                 self.probe_at = min(2 * self.probe_at, _PROBE_LAST)
                 self.starved = _DIRECT_AFTER - 1
                 self.direct = self.want_direct = False
-                self.handed_back = True
-        return x, index
+        return back
 
     def limit(self) -> int:
         """Most items read ahead of what the caller consumed (no bound while draining)."""

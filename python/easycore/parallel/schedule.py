@@ -194,6 +194,15 @@ class Scheduler:
         if stream is None or not stream.round_trip(item, job):
             self.resend([item])
 
+    def sent_direct(self, job: _Job) -> None:
+        """The item that ``job``'s caller read itself is sent, or queued ahead of all else
+        (:meth:`send_direct`): if the caller hands the input back to the feed with it (a
+        probe, see ``_Job.sent_direct``), the feed reads it again from now on (not before:
+        blocked in an input that waits for that item's result, it would never send an item
+        queued behind it)."""
+        if job.sent_direct():
+            self.notify()
+
     def begin_task(self, fut: Future[Any]) -> int | None:
         """A submitted task that its caller sends itself while it holds the stream
         (``Pool.apply``, see ``StreamService.call_task``): its future runs and it counts as

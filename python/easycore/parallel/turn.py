@@ -207,6 +207,8 @@ class CallerTurns:
         try:
             if not call.input.send_direct([item], now=True):
                 return False
+            # Sent: a probe's feed may read ahead while its result is on its way.
+            self.scheduler.sent_direct(job)
             jid = job.jid
             index = item[1]
             route = self._route
