@@ -118,6 +118,25 @@ def test_a_feedback_input_that_turns_fast_is_read_ahead_again():
         assert 0 < p.stats.direct_items <= slow + fast
 
 
+@pytest.mark.parametrize("how", ["submit", "apply"])
+def test_a_loop_that_waits_for_a_task_before_its_next_item_does_not_wait_for_its_input(how):
+    """Each round trip of a request/response loop runs a task and waits for it before the
+    input may yield its next item. At first (and at each probe) the pool's feed reads the
+    input, inside its next() until the loop takes its result: a task queued for the feed
+    would wait for it for ever. It goes from the loop's thread instead."""
+    got: queue.Queue[int] = queue.Queue()
+    with Pool(2) as p:
+        out = []
+        for y in p.imap(pd.same, _feedback(60, got)):
+            out.append(y)
+            if how == "submit":
+                assert p.submit(pd.square, y).result(timeout=60) == y * y
+            else:
+                assert p.apply(pd.square, (y,)) == y * y
+            got.put(y)
+        assert out == list(range(60))
+
+
 def test_submit_and_other_callers_interleave_with_a_direct_loop():
     got: queue.Queue[int] = queue.Queue()
     errors: list[BaseException] = []

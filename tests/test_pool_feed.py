@@ -4,8 +4,10 @@ once, at its index, however batches cut the segments; cuts, input errors and end
 
 from __future__ import annotations
 
+import collections
 import itertools
 import threading
+import time
 from concurrent.futures import Future
 
 import pytest
@@ -38,6 +40,25 @@ class FakeStream:
 
     def auto_chunk(self, job: _Job) -> int:
         return 3
+
+    def inject(self, items, generation) -> bool:
+        return False  # ready work goes through the feed
+
+
+class InjectingStream(FakeStream):
+    """A stream that takes ready work from any thread while the feed is away (as the
+    pool's stream service does), recording it; ``refuse``: it takes nothing (say, a
+    worker died)."""
+
+    def __init__(self) -> None:
+        self.sent: list = []
+        self.refuse = False
+
+    def inject(self, items, generation) -> bool:
+        if self.refuse:
+            return False
+        self.sent.append([(w[1], w[3]) for w in items])
+        return True
 
 
 class FakePool:
@@ -244,3 +265,54 @@ def test_a_cut_while_the_input_blocks_takes_effect_after_that_item():
     assert task[0] == 0 and task[1] == 5
     assert next(it) == 2
     assert job.pulled == 2
+
+
+def test_a_task_submitted_while_the_feed_reads_an_input_goes_without_it():
+    """A request/response loop may submit a task and wait for it before its input yields
+    the next item: the feed, inside that input's next(), would never send the task. Work
+    that is ready (tasks within the window, items to send again) goes from the submitting
+    thread then, in order; what the stream refuses goes through the feed as before."""
+    pool = FakePool()
+    stream = InjectingStream()
+    pool.scheduler.attach(stream)
+    feed = pool.new_feed()
+    pool.open(1, iter(range(100)))
+    it = iter(feed)
+    assert read(it, 2) == [0, 1]  # the feed is inside the input's run (away from next_work)
+    pool.submit(7)
+    assert stream.sent == [[(7, b"blob7")]]
+    assert pool.scheduler._tasks == collections.deque() and 7 in pool.scheduler._running
+    # Beyond the window (4 tasks on their way), tasks wait; each settled one lets the next go.
+    for tid in (8, 9, 10, 11, 12):
+        pool.submit(tid)
+    assert [s[0][0] for s in stream.sent] == [7, 8, 9, 10]
+    assert [q[1] for q in pool.scheduler._tasks] == [11, 12]
+    assert pool.scheduler.settle_task(8) is not None
+    assert [s[0][0] for s in stream.sent] == [7, 8, 9, 10, 11]
+    # Refused (a dead worker, the call ended): the feed sends it, ahead of the input.
+    stream.refuse = True
+    assert pool.scheduler.settle_task(9) is not None
+    assert [s[0][0] for s in stream.sent] == [7, 8, 9, 10, 11]
+    task = next(it)
+    assert task[0] == 0 and task[1] == 12 and task[4] == _TASK
+    # While the feed waits for work, it sends tasks itself (nothing is injected).
+    stream.refuse = False
+    pool.jobs.clear()
+    for tid in (7, 10, 11, 12):
+        assert pool.scheduler.settle_task(tid) is not None  # nothing waits: nothing sent
+    assert [s[0][0] for s in stream.sent] == [7, 8, 9, 10, 11]
+    waiting = threading.Thread(target=lambda: read(it, 1))
+    waiting.start()
+    try:
+        for _ in range(3000):  # until the feed waits (30 s at most)
+            if pool.scheduler.feed_waiting:
+                break
+            time.sleep(0.01)
+        assert pool.scheduler.feed_waiting
+        pool.submit(13)
+        waiting.join(10)
+        assert not waiting.is_alive()
+        assert [s[0][0] for s in stream.sent] == [7, 8, 9, 10, 11]
+    finally:
+        pool.close()
+        waiting.join(10)

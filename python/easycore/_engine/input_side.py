@@ -10,9 +10,9 @@ What the receiving side uses, its whole interface:
   thread's body), :meth:`~InputSide.send_available`
   (under ``send_lock``), :meth:`~InputSide.reads_direct` and :meth:`~InputSide.read_one`
   (it reads the input itself), :meth:`~InputSide.send_direct` (the pool's caller read
-  them), :meth:`~InputSide.receiver_sleeps` and
+  them, or other threads queue ready work), :meth:`~InputSide.receiver_sleeps` and
   :meth:`~InputSide.receiver_woke` around each wait for results, :meth:`~InputSide.stop`,
-  :meth:`~InputSide.join_reader`;
+  :meth:`~InputSide.join_reader`, :meth:`~InputSide.seal` (before the call ends);
 * to account: :meth:`~InputSide.result_received` (one per result message, giving the input
   items it stands for), :meth:`~InputSide.delivered_chunk`, and ``sizing``
   (``batching.Sizing``: the batch size the producers' cost is weighed by);
@@ -140,6 +140,12 @@ class InputSide:
         self.next_item = 0  # index of the next item to send
         self.next_batch = 0  # sequence number of the next batch (see Call.start)
         self.pending: tuple[int, int, Any] | None = None  # (seq, n_items, parts) unsent
+        # Work items queued by other threads behind ``pending`` (see send_direct), one input
+        # item each: the next batch, ahead of ``buf``. Under send_lock.
+        self.urgent: list[Any] = []
+        # The receiving thread ended the call (everything sent came back, the input is over):
+        # send_direct takes nothing more. Set under send_lock (see seal).
+        self.sealed = False
         # seq -> input items of a sent batch that ``pack`` made into fewer work items (its
         # results, one per work item, stand for that many items); written under send_lock
         # before the batch is sent, removed by the receiving thread when its results come.
@@ -285,6 +291,7 @@ class InputSide:
             self.delivered >= self.dispatched
             and not self.reader_done
             and self.pending is None
+            and not self.urgent
             and self.unsent() <= 0
         ):
             self.starved += 1
@@ -308,6 +315,7 @@ class InputSide:
             and self.it is not None
             and not self.reader_done
             and self.pending is None
+            and not self.urgent
             and self.delivered >= self.dispatched
             and self.unsent() <= 0
         )
@@ -460,9 +468,16 @@ class InputSide:
         sent = False
         while not self.abort:
             if self.pending is None:
-                if self.blind():
+                urgent = self.urgent
+                if urgent:
+                    self.urgent = []
+                    self.pending = self.encode(urgent, len(urgent), True)
+                    if self.pending is None:
+                        continue
+                elif self.blind():
                     return sent
-                self.pending = self.make_batch()
+                else:
+                    self.pending = self.make_batch()
                 if self.pending is None:
                     return sent
             if not self.send_pending(send):
@@ -488,34 +503,72 @@ class InputSide:
         self.stats.batches += 1
         return True
 
-    def send_direct(self, items: list[Any], now: bool = False) -> bool:
+    def send_direct(self, items: list[Any], now: bool = False, queue: bool = False) -> bool:
         """``items``, work items read and packed outside the input thread (by the pool's
-        caller, a request/response loop), one input item each, become the next batch, which
-        the receiving loop sends first (with ``now``, the calling thread sends it at once,
-        if the producers have room); False if another batch waits (nothing taken)."""
+        caller, a request/response loop, or a task submitted while the input thread reads),
+        one input item each, become the next batch, which the receiving loop sends first
+        (with ``now``, the calling thread sends it at once, if the producers have room).
+        If another batch waits: with ``queue``, they are queued behind it (``urgent``, sent
+        ahead of what the input thread read, by whichever thread sends next: the receiving
+        one is woken), else nothing is taken and False returned. False too once the call
+        stops."""
         with self.send_lock:
-            if self.pending is not None or self.abort:
+            if self.abort or self.sealed:
                 return False
-            batch = self.encode(items, len(items), True)
-            if batch is not None:
-                self.pending = batch
+            if self.pending is not None or self.urgent:
+                if not queue:
+                    return False
+                self.urgent.extend(items)
                 self.direct_total += len(items)
                 if now:
-                    self.send_pending(self.workers.send)
+                    self.send_available()
+                queued = self.pending is not None or bool(self.urgent)
+            else:
+                batch = self.encode(items, len(items), True)
+                if batch is not None:
+                    self.pending = batch
+                    self.direct_total += len(items)
+                    if now:
+                        self.send_pending(self.workers.send)
+                queued = False
+        if queued and self.receiver_waiting:
+            self.input_arrived()  # the receiving thread sends them (or this thread, now)
         return True
 
     def drained(self) -> bool:
         """Whether every item read was sent and every batch sent came back (in the receiving
         thread, or once it stopped: then nothing is on its way)."""
-        return self.pending is None and self.unsent() <= 0 and self.delivered >= self.dispatched
+        return (
+            self.pending is None
+            and not self.urgent
+            and self.unsent() <= 0
+            and self.delivered >= self.dispatched
+        )
+
+    def seal(self) -> bool:
+        """The receiving thread is about to end the call (everything sent came back and
+        :meth:`input_over`): whether it may, asked again under ``send_lock``, after which
+        :meth:`send_direct` takes nothing more (False: another thread queued work
+        meanwhile)."""
+        with self.send_lock:
+            if not self.input_over():
+                return False
+            self.sealed = True
+        return True
 
     def input_over(self) -> bool:
+        if self.pending is not None or self.urgent:
+            return False
         if self.seq_data is not None:
-            return self.pos >= len(self.seq_data) and self.pending is None
-        return self.reader_done and self.unsent() <= 0 and self.pending is None
+            return self.pos >= len(self.seq_data)
+        return self.reader_done and self.unsent() <= 0
 
     def ready_to_send(self) -> bool:
-        if self.pending is not None or self.in_full or self.blind():
+        if self.pending is not None or self.in_full:
+            return False
+        if self.urgent:
+            return True
+        if self.blind():
             return False
         if self.seq_data is not None:
             return False  # sliced by the receiver itself: nothing arrives behind its back

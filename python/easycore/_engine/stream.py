@@ -255,7 +255,7 @@ class Call:
                 raise inp.send_error
             if inp.input_error is not None:
                 raise inp.input_error
-            if inp.delivered >= inp.dispatched and inp.input_over():
+            if inp.delivered >= inp.dispatched and inp.input_over() and inp.seal():
                 # A producer that died during the call is reported, even if the others
                 # delivered everything: the runner is not what the user made any more.
                 self._check_health()
@@ -322,7 +322,7 @@ class Call:
         inp = self.input
         if self.reorder is not None or inp.abort:
             return None
-        if inp.pending is not None or inp.unsent() > 0:
+        if inp.pending is not None or inp.urgent or inp.unsent() > 0:
             with inp.send_lock:
                 inp.send_available()
         if inp.send_error is not None or inp.input_error is not None:

@@ -61,6 +61,10 @@ class StreamProbe(Protocol):
     def auto_chunk(self, job: _Job) -> int:
         """The chunk size of a sliced job without a ``chunksize``."""
 
+    def inject(self, items: list[_WorkItem], generation: int) -> bool:
+        """Sends ``items`` into stream ``generation`` from the calling thread, ahead of
+        what the feed read (the feed is away, reading an input); False: nothing was sent."""
+
 
 class Scheduler:
     """The work waiting for a pool's stream (see the module)."""
@@ -145,7 +149,9 @@ class Scheduler:
             if self._closing:
                 return False
             self._tasks.append((fut, next(self._ids), blob))
-            self._cut()  # a task goes ahead of the rest of a job's input
+            self._send_ready()
+            if self._tasks:
+                self._cut()  # a task goes ahead of the rest of a job's input
             self._cv.notify_all()
         return True
 
@@ -394,8 +400,12 @@ class Scheduler:
         """The future of sent task ``tid``, no longer on its way (None if it was failed
         meanwhile); wakes the feed if a task waits (it may send it now)."""
         fut = self._running.pop(tid, None)
-        if fut is not None and self._feed_waiting and self._tasks:
-            self.wake_feed()  # room for a task that waits for it
+        if fut is not None and self._tasks:
+            if self._feed_waiting:
+                self.wake_feed()  # room for a task that waits for it
+            else:
+                with self._cv:
+                    self._send_ready()  # the feed is away: the task goes now
         return fut
 
     def take_pending(self, unfinished_only: bool) -> tuple[list[_Job], list[Future[Any]]]:
@@ -419,6 +429,7 @@ class Scheduler:
         sent, before other work, by the feed (the next stream's, for the former)."""
         with self._cv:
             self._resend.extend(items)
+            self._send_ready()
             self._cv.notify_all()
 
     def end_generation_if(self, quiet: Callable[[bool], bool]) -> bool:
@@ -438,6 +449,44 @@ class Scheduler:
         abandoned): a closing pool's stream ends then."""
         jobs = self._jobs.values()
         return not (self._tasks or self._resend) and all(j.input_done or j.closed for j in jobs)
+
+    def _send_ready(self) -> None:
+        """Sends the work that is ready to go (items to send again, then queued tasks within
+        the window) from the calling thread, while the feed is away from :meth:`next_work`:
+        reading a call's input, whose ``next()`` may wait on a result that its caller is yet
+        to take, after a task of its own (a request/response loop that submits a task and
+        waits for it before it yields its next item). Nothing ready waits behind an input
+        being read. Not for a pool whose streams end after so many tasks
+        (``direct_ok`` is false then: the feed counts what each stream takes)."""
+        stream = self._stream
+        if (
+            self._feed_waiting
+            or self._feed is None
+            or stream is None
+            or self._terminated
+            or not self._direct_ok
+            or not (self._resend or self._tasks)
+        ):
+            return
+        items = list(self._resend)
+        self._resend.clear()
+        tasks, running = self._tasks, self._running
+        while tasks and len(running) < self._task_window:
+            fut, tid, blob = tasks.popleft()
+            if fut.set_running_or_notify_cancel():
+                running[tid] = fut
+                items.append((0, tid, None, blob, _TASK))
+        if not items:
+            return
+        try:
+            sent = stream.inject(items, self._generation)
+        except Exception:  # noqa: BLE001 - not sent (it did not pickle…): the feed finds out
+            sent = False
+        if not sent:
+            # The feed sends them, ahead of the rest of the input it reads (a new stream's
+            # feed, if need be).
+            self._resend.extend(items)
+            self._cut()
 
     def _cut(self) -> None:
         self._cuts += 1

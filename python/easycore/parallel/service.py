@@ -469,6 +469,24 @@ class StreamService(CallerTurns):
         if call is not None:
             call.compact()
 
+    def inject(self, items: list[_WorkItem], generation: int) -> bool:
+        """Sends ``items`` (ready work, see ``Scheduler._send_ready``; under its lock) into
+        the stream of ``generation`` from the calling thread, queued behind a batch waiting
+        to go if need be; a parked service thread takes the stream back. False: nothing was
+        sent: another stream's, a call that stops or ended, a stuck-task watch (which ends
+        streams behind the feed's back), or a dead worker (the feed finds out first: a quiet
+        restart)."""
+        call = self.call
+        if call is None or call.abort or self.watch is not None or generation != self.generation:
+            return False
+        with self._health:  # after the scheduler's lock, as the feed's own look
+            if self.runner.producer_died():
+                return False
+        if not call.input.send_direct(items, now=True, queue=True):
+            return False
+        self.input_coming()
+        return True
+
     def auto_chunk(self, job: _Job) -> int:
         """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done."""
         cost = self.item_cost
