@@ -118,12 +118,13 @@ def test_a_feedback_input_that_turns_fast_is_read_ahead_again():
         assert 0 < p.stats.direct_items <= slow + fast
 
 
-@pytest.mark.parametrize("how", ["submit", "apply"])
+@pytest.mark.parametrize("how", ["submit", "apply", "map"])
 def test_a_loop_that_waits_for_a_task_before_its_next_item_does_not_wait_for_its_input(how):
-    """Each round trip of a request/response loop runs a task and waits for it before the
-    input may yield its next item. At first (and at each probe) the pool's feed reads the
-    input, inside its next() until the loop takes its result: a task queued for the feed
-    would wait for it for ever. It goes from the loop's thread instead."""
+    """Each round trip of a request/response loop runs a task (or a ``map`` of a list) and
+    waits for it before the input may yield its next item. At first (and at each probe)
+    the pool's feed reads the input, inside its next() until the loop takes its result:
+    work queued for the feed would wait for it for ever. It goes from the loop's thread
+    instead."""
     got: queue.Queue[int] = queue.Queue()
     with Pool(2) as p:
         out = []
@@ -131,8 +132,11 @@ def test_a_loop_that_waits_for_a_task_before_its_next_item_does_not_wait_for_its
             out.append(y)
             if how == "submit":
                 assert p.submit(pd.square, y).result(timeout=60) == y * y
-            else:
+            elif how == "apply":
                 assert p.apply(pd.square, (y,)) == y * y
+            else:  # a call of a list, of a range: its chunks too go without the feed
+                assert p.map(pd.square, [y, y + 1]) == [y * y, (y + 1) ** 2]
+                assert list(p.imap(pd.square, range(y % 5))) == [x * x for x in range(y % 5)]
             got.put(y)
         assert out == list(range(60))
 

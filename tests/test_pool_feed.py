@@ -57,7 +57,7 @@ class InjectingStream(FakeStream):
     def inject(self, items, generation) -> bool:
         if self.refuse:
             return False
-        self.sent.append([(w[1], w[3]) for w in items])
+        self.sent.extend((w[0], w[1], w[3]) for w in items)
         return True
 
 
@@ -280,19 +280,19 @@ def test_a_task_submitted_while_the_feed_reads_an_input_goes_without_it():
     it = iter(feed)
     assert read(it, 2) == [0, 1]  # the feed is inside the input's run (away from next_work)
     pool.submit(7)
-    assert stream.sent == [[(7, b"blob7")]]
+    assert stream.sent == [(0, 7, b"blob7")]
     assert pool.scheduler._tasks == collections.deque() and 7 in pool.scheduler._running
     # Beyond the window (4 tasks on their way), tasks wait; each settled one lets the next go.
     for tid in (8, 9, 10, 11, 12):
         pool.submit(tid)
-    assert [s[0][0] for s in stream.sent] == [7, 8, 9, 10]
+    assert [s[1] for s in stream.sent] == [7, 8, 9, 10]
     assert [q[1] for q in pool.scheduler._tasks] == [11, 12]
     assert pool.scheduler.settle_task(8) is not None
-    assert [s[0][0] for s in stream.sent] == [7, 8, 9, 10, 11]
+    assert [s[1] for s in stream.sent] == [7, 8, 9, 10, 11]
     # Refused (a dead worker, the call ended): the feed sends it, ahead of the input.
     stream.refuse = True
     assert pool.scheduler.settle_task(9) is not None
-    assert [s[0][0] for s in stream.sent] == [7, 8, 9, 10, 11]
+    assert [s[1] for s in stream.sent] == [7, 8, 9, 10, 11]
     task = next(it)
     assert task[0] == 0 and task[1] == 12 and task[4] == _TASK
     # While the feed waits for work, it sends tasks itself (nothing is injected).
@@ -300,7 +300,7 @@ def test_a_task_submitted_while_the_feed_reads_an_input_goes_without_it():
     pool.jobs.clear()
     for tid in (7, 10, 11, 12):
         assert pool.scheduler.settle_task(tid) is not None  # nothing waits: nothing sent
-    assert [s[0][0] for s in stream.sent] == [7, 8, 9, 10, 11]
+    assert [s[1] for s in stream.sent] == [7, 8, 9, 10, 11]
     waiting = threading.Thread(target=lambda: read(it, 1))
     waiting.start()
     try:
@@ -312,7 +312,39 @@ def test_a_task_submitted_while_the_feed_reads_an_input_goes_without_it():
         pool.submit(13)
         waiting.join(10)
         assert not waiting.is_alive()
-        assert [s[0][0] for s in stream.sent] == [7, 8, 9, 10, 11]
+        assert [s[1] for s in stream.sent] == [7, 8, 9, 10, 11]
     finally:
         pool.close()
         waiting.join(10)
+
+
+def test_chunks_of_a_sliced_call_go_while_the_feed_is_inside_an_iterator_input():
+    """A ``map`` of a list made inside a request/response loop, while the feed is inside
+    the loop's input: its chunks go from the thread that opened it (and, as its caller
+    consumes, from that thread), within its room; the feed takes the rest as before."""
+    pool = FakePool()
+    stream = InjectingStream()
+    pool.scheduler.attach(stream)
+    feed = pool.new_feed()
+    pool.open(1, iter(range(100)))
+    it = iter(feed)
+    assert read(it, 1) == [0]  # inside job 1's segment
+    job2 = pool.open(2, list(range(10, 20)), window=6)  # chunks of 3 (FakeStream), room 6
+    assert stream.sent == [(2, 0, [10, 11, 12]), (2, 3, [13, 14, 15])]
+    assert job2.pulled == 6 and not job2.input_done
+    job2.consumed = 6  # its caller took them: room again
+    pool.scheduler.notify()
+    assert stream.sent[2:] == [(2, 6, [16, 17, 18]), (2, 9, [19])]
+    assert job2.pulled == 10 and job2.input_done
+    # Within its room only; the rest is the feed's, once it left the segment.
+    job3 = pool.open(3, [1, 2, 3, 4], window=3)
+    assert stream.sent[4:] == [(3, 0, [1, 2, 3])] and job3.pulled == 3
+    job3.consumed = 3
+    pool.jobs.pop(1)
+    feed.cut()
+    chunk = next(it)
+    assert chunk[:2] == (3, 3) and chunk[3] == [4] and job3.input_done
+    assert len(stream.sent) == 5
+    pool.jobs.clear()
+    pool.close()
+    assert list(it) == []

@@ -18,7 +18,8 @@ What the receiving side uses, its whole interface:
   (``batching.Sizing``: the batch size the producers' cost is weighed by);
 * to decide: :meth:`~InputSide.input_over`, :meth:`~InputSide.drained`, and the fields
   ``dispatched``, ``delivered``, ``last_progress``, ``input_error``, ``send_error``,
-  ``abort``, ``reader``, ``direct_total`` (each written where its comment says).
+  ``abort``, ``reader``, ``direct_total``, ``injected`` (each written where its comment
+  says).
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ class InputSide:
         self.starved = 0  # the receiving thread's waits for input in a row (adaptive)
         self.direct_reads = 0  # items read by the receiving thread since the hand-over
         self.direct_total = 0  # items read by the receiving thread in this call
+        self.injected = 0  # work items other threads queued (send_direct's ``queue``)
         self.probe_at = _PROBE_FIRST  # direct reads before the input thread tries again
         self.reader_done = self.seq_data is not None
         self.pack = pack
@@ -141,7 +143,7 @@ class InputSide:
         self.next_batch = 0  # sequence number of the next batch (see Call.start)
         self.pending: tuple[int, int, Any] | None = None  # (seq, n_items, parts) unsent
         # Work items queued by other threads behind ``pending`` (see send_direct), one input
-        # item each: the next batch, ahead of ``buf``. Under send_lock.
+        # item each: the next batches (one each), ahead of ``buf``. Under send_lock.
         self.urgent: list[Any] = []
         # The receiving thread ended the call (everything sent came back, the input is over):
         # send_direct takes nothing more. Set under send_lock (see seal).
@@ -470,8 +472,10 @@ class InputSide:
             if self.pending is None:
                 urgent = self.urgent
                 if urgent:
-                    self.urgent = []
-                    self.pending = self.encode(urgent, len(urgent), True)
+                    # One work item a batch (a task, or a chunk of a call sized to a few
+                    # ms of work): each may go to another producer.
+                    self.pending = self.encode(urgent[:1], 1, True)
+                    del urgent[:1]
                     if self.pending is None:
                         continue
                 elif self.blind():
@@ -507,22 +511,22 @@ class InputSide:
         """``items``, work items read and packed outside the input thread (by the pool's
         caller, a request/response loop, or a task submitted while the input thread reads),
         one input item each, become the next batch, which the receiving loop sends first
-        (with ``now``, the calling thread sends it at once, if the producers have room).
-        If another batch waits: with ``queue``, they are queued behind it (``urgent``, sent
-        ahead of what the input thread read, by whichever thread sends next: the receiving
-        one is woken), else nothing is taken and False returned. False too once the call
-        stops."""
+        (with ``now``, the calling thread sends it at once, if the producers have room);
+        False if another batch waits (nothing taken). With ``queue``, they are queued
+        instead (``urgent``: a batch each, behind a waiting one, ahead of what the input
+        thread read; sent by whichever thread sends next, the receiving one woken for it).
+        False too once the call stops or ended (nothing taken)."""
         with self.send_lock:
             if self.abort or self.sealed:
                 return False
-            if self.pending is not None or self.urgent:
-                if not queue:
-                    return False
+            if queue:
                 self.urgent.extend(items)
-                self.direct_total += len(items)
+                self.injected += len(items)
                 if now:
                     self.send_available()
                 queued = self.pending is not None or bool(self.urgent)
+            elif self.pending is not None or self.urgent:
+                return False
             else:
                 batch = self.encode(items, len(items), True)
                 if batch is not None:

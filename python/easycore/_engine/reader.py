@@ -76,7 +76,7 @@ def read_runs(side: InputSide) -> None:
     x: Any = None
     try:
         while not side.abort:
-            room = _wait_for_room(side, read + side.direct_total)
+            room = _wait_for_room(side, read + side.direct_total + side.injected)
             if room <= 0:
                 continue  # aborted
             side.compact()

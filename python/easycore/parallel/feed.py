@@ -199,7 +199,7 @@ class Feed:
                 return self._premade(chosen)  # a submitted task
             job = chosen
             index = job.pulled
-            ahead = job.limit() - (index - job.consumed)
+            ahead = job.ahead()
             if budget:
                 ahead = min(ahead, budget - self.sent)
             if job.it is not None and job.chunksize is None:
@@ -211,14 +211,17 @@ class Feed:
                 if cuts != scheduler.cuts or job.closed:
                     self.cut()  # something asked for a cut since next_work looked
                 return run
-            # A range/list/tuple is sliced; an iterator with a chunksize waits to fill one.
-            auto = scheduler.auto_chunk(job) if job.seq is not None else 1
-            size = max(1, min(job.chunksize or auto, ahead))
+            if job.seq is not None:  # a range/list/tuple is sliced
+                size = max(1, min(job.chunksize or scheduler.auto_chunk(job), ahead))
+                chunk = job.take_chunk(size)
+                if chunk is None:
+                    continue
+                self.sent += len(chunk[3])
+                return self._premade(chunk)
+            # An iterator with a chunksize waits to fill one.
+            size = max(1, min(job.chunksize or 1, ahead))
             try:
-                if job.seq is not None:
-                    items = job.seq[index : index + size]
-                else:
-                    items = list(itertools.islice(job.it, size))  # type: ignore[arg-type]
+                items = list(itertools.islice(job.it, size))  # type: ignore[arg-type]
             except BaseException as e:  # noqa: BLE001 - the input's error, raised in its caller
                 job.fail_input(e)
                 continue

@@ -340,6 +340,25 @@ class _Job:
                 self.direct = self.want_direct = False
         return back
 
+    def take_chunk(self, size: int) -> tuple[int, int, Any, Any, int] | None:
+        """A sliced input (range, list, tuple): its next ``size`` items as a work item,
+        ``pulled`` advanced past them; fewer at its end, where the input is over; None if
+        nothing was left. Only the feed that chose this job (``Scheduler.next_work``) or the
+        scheduler under its lock while the feed is inside another input
+        (``Scheduler._send_ready``) takes chunks: never both at once."""
+        index = self.pulled
+        items = self.seq[index : index + size]  # type: ignore[index]
+        self.pulled = index + len(items)
+        if len(items) < size:
+            with self.lock:
+                self.input_done = True
+                self.cv.notify_all()
+        return (self.jid, index, self.fn, items, self.mode) if items else None
+
+    def ahead(self) -> int:
+        """Items the feed may read now (the bound less what is read and not consumed)."""
+        return self.limit() - (self.pulled - self.consumed)
+
     def limit(self) -> int:
         """Most items read ahead of what the caller consumed (no bound while draining)."""
         return 1 << 40 if self.drain else min(self.window, self.room[0])

@@ -162,6 +162,7 @@ class Scheduler:
                 return None
             job = make(next(self._ids))
             self._jobs[job.jid] = job
+            self._send_ready()
             self._cut()  # its turn comes at the next segment
             self._cv.notify_all()
         return job
@@ -250,8 +251,10 @@ class Scheduler:
         return True
 
     def notify(self) -> None:
-        """Wakes whoever waits for work (a job's caller made room, say)."""
+        """Wakes whoever waits for work (a job's caller made room, say); while the feed is
+        away, ready work goes now."""
         with self._cv:
+            self._send_ready()
             self._cv.notify_all()
 
     def close(self) -> None:
@@ -451,21 +454,23 @@ class Scheduler:
         return not (self._tasks or self._resend) and all(j.input_done or j.closed for j in jobs)
 
     def _send_ready(self) -> None:
-        """Sends the work that is ready to go (items to send again, then queued tasks within
-        the window) from the calling thread, while the feed is away from :meth:`next_work`:
-        reading a call's input, whose ``next()`` may wait on a result that its caller is yet
-        to take, after a task of its own (a request/response loop that submits a task and
-        waits for it before it yields its next item). Nothing ready waits behind an input
-        being read. Not for a pool whose streams end after so many tasks
-        (``direct_ok`` is false then: the feed counts what each stream takes)."""
+        """Sends the work that is ready to go from the calling thread, while the feed is away
+        from :meth:`next_work`: reading a call's input, whose ``next()`` may wait on a result
+        that its caller is yet to take, after other work of its own (a request/response loop
+        that runs a task, or a ``map`` of a list, and waits for it before its input yields
+        the next item). Ready: items to send again and queued tasks within the window, and,
+        while the feed is inside an iterator input's segment (when it slices no call
+        itself), chunks of the sliced calls (range, list, tuple) with room. Nothing ready
+        waits behind an input being read. Not for a pool whose streams end after so many
+        tasks (``direct_ok`` is false then: the feed counts what each stream takes)."""
         stream = self._stream
+        feed = self._feed
         if (
             self._feed_waiting
-            or self._feed is None
+            or feed is None
             or stream is None
             or self._terminated
             or not self._direct_ok
-            or not (self._resend or self._tasks)
         ):
             return
         items = list(self._resend)
@@ -476,6 +481,16 @@ class Scheduler:
             if fut.set_running_or_notify_cancel():
                 running[tid] = fut
                 items.append((0, tid, None, blob, _TASK))
+        if feed.reading is not None:
+            for job in list(self._jobs.values()):
+                if job.seq is None or job.drain:
+                    continue  # an iterator is the feed's to read; draining: read to its end
+                while job.has_room():
+                    size = max(1, min(job.chunksize or stream.auto_chunk(job), job.ahead()))
+                    chunk = job.take_chunk(size)
+                    if chunk is None:
+                        break
+                    items.append(chunk)
         if not items:
             return
         try:
