@@ -26,7 +26,7 @@ from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
 from easycore._engine.zygote import await_gone
 from easycore.errors import PoolClosedError, SerializationError, WorkerDiedError
-from easycore.parallel.feed import Feed, _WorkItem, _WorkResult
+from easycore.parallel.feed import _HEALTH_EVERY_S, Feed, _WorkItem, _WorkResult
 from easycore.parallel.hardstop import StuckWatch, kill_doomed, watch
 from easycore.parallel.job import _Job, broken_transfer, task_error, unsendable_error
 from easycore.parallel.schedule import Scheduler
@@ -136,6 +136,7 @@ class StreamService(CallerTurns):
         self.watch: StuckWatch | None = None  # tasks stuck past task_timeout (hardstop.py)
         self.task_wait = 0.0  # when a caller last waited for its task (apply): see call_task
         self.generation = -1  # the current stream's (see Scheduler.begin_task)
+        self._inject_health = 0.0  # when inject next asks whether a worker died
         scheduler.attach(self)
 
     def start(self, owner: Any) -> None:
@@ -475,13 +476,16 @@ class StreamService(CallerTurns):
         to go if need be; a parked service thread takes the stream back. False: nothing was
         sent: another stream's, a call that stops or ended, a stuck-task watch (which ends
         streams behind the feed's back), or a dead worker (the feed finds out first: a quiet
-        restart)."""
+        restart), asked as often as the feed asks."""
         call = self.call
         if call is None or call.abort or self.watch is not None or generation != self.generation:
             return False
-        with self._health:  # after the scheduler's lock, as the feed's own look
-            if self.runner.producer_died():
-                return False
+        now = time.monotonic()
+        if now >= self._inject_health:  # as often as the feed looks (a system call a worker)
+            self._inject_health = now + _HEALTH_EVERY_S
+            with self._health:  # after the scheduler's lock, as the feed's own look
+                if self.runner.producer_died():
+                    return False
         if not call.input.send_direct(items, now=True, queue=True):
             return False
         self.input_coming()
