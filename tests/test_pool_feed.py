@@ -8,7 +8,9 @@ import collections
 import itertools
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
+from typing import Any
 
 import pytest
 from easycore.parallel.feed import _ONE, _TASK, Feed
@@ -267,18 +269,25 @@ def test_a_cut_while_the_input_blocks_takes_effect_after_that_item():
     assert job.pulled == 2
 
 
-def test_a_task_submitted_while_the_feed_reads_an_input_goes_without_it():
-    """A request/response loop may submit a task and wait for it before its input yields
-    the next item: the feed, inside that input's next(), would never send the task. Work
-    that is ready (tasks within the window, items to send again) goes from the submitting
-    thread then, in order; what the stream refuses goes through the feed as before."""
+def _inside_an_input() -> tuple[FakePool, InjectingStream, Feed, Iterator[Any]]:
+    """A pool with an injecting stream whose feed is inside job 1's segment (an iterator
+    input: away from ``next_work``), two items read."""
     pool = FakePool()
     stream = InjectingStream()
     pool.scheduler.attach(stream)
     feed = pool.new_feed()
     pool.open(1, iter(range(100)))
     it = iter(feed)
-    assert read(it, 2) == [0, 1]  # the feed is inside the input's run (away from next_work)
+    assert read(it, 2) == [0, 1]
+    return pool, stream, feed, it
+
+
+def test_a_task_submitted_while_the_feed_reads_an_input_goes_without_it():
+    """A request/response loop may submit a task and wait for it before its input yields
+    the next item: the feed, inside that input's next(), would never send the task. Work
+    that is ready (tasks within the window, items to send again) goes from the submitting
+    thread then, in order; what the stream refuses goes through the feed as before."""
+    pool, stream, feed, it = _inside_an_input()
     pool.submit(7)
     assert stream.sent == [(0, 7, b"blob7")]
     assert pool.scheduler._tasks == collections.deque() and 7 in pool.scheduler._running
@@ -322,13 +331,7 @@ def test_chunks_of_a_sliced_call_go_while_the_feed_is_inside_an_iterator_input()
     """A ``map`` of a list made inside a request/response loop, while the feed is inside
     the loop's input: its chunks go from the thread that opened it (and, as its caller
     consumes, from that thread), within its room; the feed takes the rest as before."""
-    pool = FakePool()
-    stream = InjectingStream()
-    pool.scheduler.attach(stream)
-    feed = pool.new_feed()
-    pool.open(1, iter(range(100)))
-    it = iter(feed)
-    assert read(it, 1) == [0]  # inside job 1's segment
+    pool, stream, feed, it = _inside_an_input()
     job2 = pool.open(2, list(range(10, 20)), window=6)  # chunks of 3 (FakeStream), room 6
     assert stream.sent == [(2, 0, [10, 11, 12]), (2, 3, [13, 14, 15])]
     assert job2.pulled == 6 and not job2.input_done
