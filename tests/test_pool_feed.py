@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from easycore.parallel.feed import _ONE, _TASK, Feed
-from easycore.parallel.job import _Job
+from easycore.parallel.job import ASK, READ, WAIT, _Job
 from easycore.parallel.schedule import Scheduler
 
 
@@ -350,4 +350,33 @@ def test_chunks_of_a_sliced_call_go_while_the_feed_is_inside_an_iterator_input()
     assert len(stream.sent) == 5
     pool.jobs.clear()
     pool.close()
+    assert list(it) == []
+
+
+def test_a_caller_asks_for_its_input_again_only_after_the_feed_began_to_read_it():
+    """A probe hands a request/response input back to the feed. However often its caller
+    waits before the feed runs (a loaded machine), it asks for the input again only once
+    the feed began to read it: an input that turned fast is then read ahead again."""
+    pool = FakePool()
+    feed = pool.new_feed()
+    job = pool.open(1, iter(range(100)))
+    with job.lock:
+        job.want_direct = True
+    job.input_turn()  # the feed hands it over
+    job.probe_at = 1  # the probe comes with the caller's first item
+    with job.lock:
+        assert job.wait_step(True, lambda: True) == READ
+    assert job.read_direct() == (0, 0)
+    assert job.sent_direct()  # handed back
+    job.consumed = 1
+    with job.lock:
+        for _ in range(10):
+            assert job.wait_step(True, lambda: True) == WAIT
+    it = iter(feed)
+    assert read(it, 1) == [1]  # the feed began a segment of it
+    with job.lock:
+        assert job.wait_step(True, lambda: True) == ASK
+    pool.jobs.clear()
+    pool.close()
+    feed.cut()
     assert list(it) == []

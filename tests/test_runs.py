@@ -6,7 +6,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 
-from easycore.common.parallel.runs import IteratorRuns, gated
+import pytest
+from easycore.common.parallel.runs import IteratorRuns, after_first, gated
 
 
 def test_runs_read_at_most_their_limit_and_end_with_the_input() -> None:
@@ -89,3 +90,27 @@ def test_gated_never_takes_an_item_past_an_emptied_gate() -> None:
 def test_an_input_error_fails_the_call() -> None:
     runs = IteratorRuns(iter(()))
     assert runs.recover(ValueError("bad input"), 0) is None
+
+
+def test_after_first_says_when_the_first_item_was_read_and_changes_nothing_else():
+    calls: list[int] = []
+    run, gate = gated(iter(range(10)), 5)
+    out: list[int] = []
+    wrapped = after_first(run, lambda: calls.append(len(out)))
+    out.extend(wrapped)
+    assert out == [0, 1, 2, 3, 4] and calls == [0]  # called as the first item came
+    run, gate = gated(iter(range(10)), 5)
+    wrapped = after_first(run, lambda: calls.append(-1))
+    assert next(wrapped) == 0
+    del gate[:]  # a cut still ends the run after the item being read
+    assert list(wrapped) == [] and calls == [0, -1]
+    ended: list[int] = []
+    assert list(after_first(iter([]), lambda: ended.append(1))) == [] and ended == []
+
+    def broken():
+        raise ValueError("input broke")
+        yield  # pragma: no cover
+
+    with pytest.raises(ValueError):
+        next(after_first(broken(), lambda: ended.append(1)))
+    assert ended == []

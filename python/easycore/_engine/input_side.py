@@ -116,6 +116,11 @@ class InputSide:
         self.direct_total = 0  # items read by the receiving thread in this call
         self.injected = 0  # work items other threads queued (send_direct's ``queue``)
         self.probe_at = _PROBE_FIRST  # direct reads before the input thread tries again
+        # Handed back (a probe) and the input thread has not read an item since: the
+        # receiving thread does not ask for the input again until it did (on a loaded
+        # machine it would ask before the input thread ran, and an input that turned fast
+        # would never be read ahead again). Set by read_one, cleared by the input thread.
+        self.awaiting_reader = False
         self.reader_done = self.seq_data is not None
         self.pack = pack
         self.runs = runs
@@ -276,10 +281,16 @@ class InputSide:
                     self.probe_at = min(2 * self.probe_at, _PROBE_LAST)
                     self.starved = _DIRECT_AFTER - 1  # still request/response: ask at once
                     with self.cond:
+                        self.awaiting_reader = True
                         self.want_direct = False
                         self.direct = False
                         self.cond.notify_all()
         self.stats.input_wait_s += time.perf_counter() - t
+
+    def reader_read(self) -> None:
+        """The input thread read an item of the input handed back to it: the receiving
+        thread may ask for it again."""
+        self.awaiting_reader = False
 
     def note_starved(self) -> None:
         """The receiving thread, about to wait (adaptive reading): it counts the waits for
@@ -292,6 +303,7 @@ class InputSide:
         elif (
             self.delivered >= self.dispatched
             and not self.reader_done
+            and not self.awaiting_reader
             and self.pending is None
             and not self.urgent
             and self.unsent() <= 0

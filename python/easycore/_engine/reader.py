@@ -9,6 +9,7 @@ from typing import Any
 
 from easycore._engine.input_side import InputSide
 from easycore._engine.lifecycle import TICK
+from easycore._engine.runs import after_first
 
 
 def _room(side: InputSide, read: int) -> int:
@@ -87,6 +88,8 @@ def read_runs(side: InputSide) -> None:
             got = None
             if run is None:
                 break  # the input is over
+            if side.awaiting_reader:  # handed back (a probe): the receiver asks again once
+                run = after_first(iter(run), side.reader_read)  # an item of it was read
             items = iter(run)
             start = len(buf)
             try:

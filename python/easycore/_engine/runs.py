@@ -8,7 +8,8 @@ engine's receiving thread starts to wait on each item (a producer may be idle, o
 input is a feedback loop whose next item waits for a result): that thread empties the run's
 *gate*, and the extend ends after the item being read.
 
-:func:`gated` makes one run; :class:`RunSource` is what the input thread reads runs from;
+:func:`gated` makes one run (:func:`after_first` says when its first item was read);
+:class:`RunSource` is what the input thread reads runs from;
 :class:`IteratorRuns` is a runner's input as a ``RunSource``. The pool's feed
 (``easycore.parallel.feed``) is the other ``RunSource``; it makes its runs with
 :func:`gated` too, one per segment of a call's input. :class:`Flag` is how the receiving
@@ -17,8 +18,9 @@ thread asks the input thread, at C speed, to hand each item over as it comes.
 
 from __future__ import annotations
 
+import itertools
 import operator
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 _second = operator.itemgetter(1)
@@ -66,6 +68,34 @@ def gated(it: Iterator[Any], n: int) -> tuple[Iterator[Any], list[None]]:
     """
     gate: list[None] = [None] * n
     return map(_second, zip(gate, it, strict=False)), gate
+
+
+class _First:
+    """The first item of ``run``, then ``then()`` (see :func:`after_first`)."""
+
+    __slots__ = ("run", "then")
+
+    def __init__(self, run: Iterator[Any], then: Callable[[], None]) -> None:
+        self.run: Iterator[Any] | None = run
+        self.then = then
+
+    def __iter__(self) -> _First:
+        return self
+
+    def __next__(self) -> Any:
+        run = self.run
+        if run is None:
+            raise StopIteration
+        self.run = None
+        x = next(run)  # ended or failed before its first item: ``then`` is not called
+        self.then()
+        return x
+
+
+def after_first(run: Iterator[Any], then: Callable[[], None]) -> Iterator[Any]:
+    """``run``, calling ``then()`` once its first item was read (not if it ends or fails
+    before one): still a C-level chain, with one Python call for the first item."""
+    return itertools.chain(_First(run, then), run)
 
 
 class IteratorRuns:

@@ -56,7 +56,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
-from easycore._engine.runs import gated
+from easycore._engine.runs import after_first, gated
 
 if TYPE_CHECKING:
     from easycore.parallel.job import _Job
@@ -206,6 +206,8 @@ class Feed:
                 seg = _Segment(self.pos, job, index, max(1, min(ahead, _SEGMENT_MAX, limit)))
                 self.sent += seg.n
                 run, seg.gate = gated(job.it, seg.n)
+                if job.awaiting_feed:  # handed back (a probe): its caller asks again once
+                    run = after_first(run, job.feed_read)  # the feed read an item of it
                 self.segs.append(seg)  # registered before the engine sees its first item
                 self.reading = seg
                 if cuts != scheduler.cuts or job.closed:

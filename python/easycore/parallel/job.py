@@ -200,6 +200,11 @@ class _Job:
         # The caller's last read ends a probe interval: the input goes back to the feed once
         # that item is sent or queued (read_direct, sent_direct).
         self.handing_back = False
+        # Handed back to the feed (a probe), which has not begun to read it since: the caller
+        # does not ask for it again until the feed did (else, on a loaded machine, it would
+        # ask before the feed ever ran, and an input that turned fast would never be read
+        # ahead again). Set by sent_direct, cleared once the feed read an item of it.
+        self.awaiting_feed = False
         # The results of the caller's own round trip (its item, read by read_direct), handed
         # straight to it by the thread that received them, its own (see calls.py).
         self.own: list[Any] | None = None
@@ -268,6 +273,7 @@ class _Job:
             or self.drain
             or self.closed
             or not drained()
+            or self.awaiting_feed
         ):
             return WAIT
         self.starved += 1
@@ -338,6 +344,7 @@ class _Job:
                 self.probe_at = min(2 * self.probe_at, _PROBE_LAST)
                 self.starved = _DIRECT_AFTER - 1
                 self.direct = self.want_direct = False
+                self.awaiting_feed = True
         return back
 
     def take_chunk(self, size: int) -> tuple[int, int, Any, Any, int] | None:
@@ -358,6 +365,11 @@ class _Job:
     def ahead(self) -> int:
         """Items the feed may read now (the bound less what is read and not consumed)."""
         return self.limit() - (self.pulled - self.consumed)
+
+    def feed_read(self) -> None:
+        """The feed read an item of the input handed back to it: its caller may ask for it
+        again."""
+        self.awaiting_feed = False
 
     def limit(self) -> int:
         """Most items read ahead of what the caller consumed (no bound while draining)."""
