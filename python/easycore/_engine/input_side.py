@@ -535,8 +535,13 @@ class InputSide:
                 self.urgent.extend(items)
                 self.injected += len(items)
                 if now:
-                    self.send_available()
-                queued = self.pending is not None or bool(self.urgent)
+                    try:
+                        self.send_available()
+                    except BaseException as e:  # noqa: BLE001 - raised in the receiving thread
+                        self.send_error = e  # (the items are taken: not to be sent again)
+                queued = (
+                    self.pending is not None or bool(self.urgent) or self.send_error is not None
+                )
             elif self.pending is not None or self.urgent:
                 return False
             else:
