@@ -43,8 +43,11 @@ class FakeStream:
     def auto_chunk(self, job: _Job) -> int:
         return 3
 
-    def inject(self, items, generation) -> bool:
+    def injectable(self, generation) -> bool:
         return False  # ready work goes through the feed
+
+    def inject(self, items, generation) -> bool:
+        raise AssertionError("not injectable")
 
 
 class InjectingStream(FakeStream):
@@ -55,6 +58,9 @@ class InjectingStream(FakeStream):
     def __init__(self) -> None:
         self.sent: list = []
         self.refuse = False
+
+    def injectable(self, generation) -> bool:
+        return True
 
     def inject(self, items, generation) -> bool:
         if self.refuse:
@@ -376,6 +382,26 @@ def test_a_caller_asks_for_its_input_again_only_after_the_feed_began_to_read_it(
     assert read(it, 1) == [1]  # the feed began a segment of it
     with job.lock:
         assert job.wait_step(True, lambda: True) == ASK
+    pool.jobs.clear()
+    pool.close()
+    feed.cut()
+    assert list(it) == []
+
+
+def test_work_left_for_the_feed_goes_as_it_begins_to_read_an_iterator_input():
+    """A call of a list opened while the feed chose a request/response input to read next
+    (nothing injected: the feed was not inside an input yet) goes as the feed begins that
+    input's segment: the input's next() may wait on that call's results."""
+    pool = FakePool()
+    stream = InjectingStream()
+    pool.scheduler.attach(stream)
+    feed = pool.new_feed()
+    pool.open(1, iter(range(100)))
+    job2 = pool.open(2, [5, 6, 7, 8])
+    assert stream.sent == [] and job2.pulled == 0
+    it = iter(feed)
+    assert read(it, 1) == [0]  # job 1 first (round robin), its segment begun
+    assert stream.sent == [(2, 0, [5, 6, 7]), (2, 3, [8])] and job2.input_done
     pool.jobs.clear()
     pool.close()
     feed.cut()

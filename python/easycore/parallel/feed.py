@@ -107,6 +107,10 @@ class WorkSource(Protocol):
         at the end. ``before_taking`` runs (under the scheduler's lock) before work is
         taken."""
 
+    def send_ready(self) -> None:
+        """The feed is about to read an iterator input: the work that is ready goes into
+        the stream from here (it would wait behind the input's next())."""
+
     def wake_feed(self) -> None:
         """Wakes the feed if it waits for work."""
 
@@ -212,6 +216,9 @@ class Feed:
                 self.reading = seg
                 if cuts != scheduler.cuts or job.closed:
                     self.cut()  # something asked for a cut since next_work looked
+                # The input may block in next() (on a result its caller is yet to take,
+                # after other work of its own): what is ready goes now, not after it.
+                scheduler.send_ready()
                 return run
             if job.seq is not None:  # a range/list/tuple is sliced
                 size = max(1, min(job.chunksize or scheduler.auto_chunk(job), ahead))

@@ -61,6 +61,10 @@ class StreamProbe(Protocol):
     def auto_chunk(self, job: _Job) -> int:
         """The chunk size of a sliced job without a ``chunksize``."""
 
+    def injectable(self, generation: int) -> bool:
+        """Whether :meth:`inject` may take work into stream ``generation`` (a guess: it
+        may still refuse)."""
+
     def inject(self, items: list[_WorkItem], generation: int) -> bool:
         """Sends ``items`` into stream ``generation`` from the calling thread, ahead of
         what the feed read (the feed is away, reading an input); False: nothing was sent."""
@@ -346,6 +350,14 @@ class Scheduler:
                 self._cv.wait(TICK)
                 self._feed_waiting = False
 
+    def send_ready(self) -> None:
+        """The feed is inside an iterator input's segment, about to read it: work that is
+        ready now (left for the feed a moment ago, say, while it chose this input) goes into
+        the stream from the feed's thread (see :meth:`_send_ready`; work made ready later
+        goes from the thread that makes it ready)."""
+        with self._cv:
+            self._send_ready()
+
     def wake_feed(self) -> None:
         """Wakes the feed if it waits for work."""
         if self._feed_waiting:
@@ -471,6 +483,7 @@ class Scheduler:
             or stream is None
             or self._terminated
             or not self._direct_ok
+            or not stream.injectable(self._generation)
         ):
             return
         items = list(self._resend)

@@ -470,6 +470,18 @@ class StreamService(CallerTurns):
         if call is not None:
             call.compact()
 
+    def injectable(self, generation: int) -> bool:
+        """Whether :meth:`inject` may take work into the stream of ``generation``: its
+        call is running and no stuck-task watch ends streams behind the feed's back."""
+        call = self.call
+        return (
+            call is not None
+            and not call.abort
+            and not call.input.sealed
+            and self.watch is None
+            and generation == self.generation
+        )
+
     def inject(self, items: list[_WorkItem], generation: int) -> bool:
         """Sends ``items`` (ready work, see ``Scheduler._send_ready``; under its lock) into
         the stream of ``generation`` from the calling thread, queued behind a batch waiting
@@ -478,7 +490,7 @@ class StreamService(CallerTurns):
         streams behind the feed's back), or a dead worker (the feed finds out first: a quiet
         restart), asked as often as the feed asks."""
         call = self.call
-        if call is None or call.abort or self.watch is not None or generation != self.generation:
+        if not self.injectable(generation) or call is None:
             return False
         now = time.monotonic()
         if now >= self._inject_health:  # as often as the feed looks (a system call a worker)
