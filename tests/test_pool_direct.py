@@ -522,3 +522,55 @@ def test_ctrl_c_during_a_direct_apply_reaches_the_caller_and_the_pool_goes_on():
     assert "interrupted" in out
     assert "after 9" in out
     assert_workers_and_names_gone(out)
+
+
+def test_workers_killed_at_random_while_a_loop_injects_work_never_hang_or_lose_results():
+    """A request/response loop whose round trips each run a task and a map of a list (work
+    the loop's thread may send itself while the feed is inside the loop's input), with a
+    worker SIGKILLed at a random moment of each of several rounds. Whatever the moment, the
+    round ends: every result it handed out is right, and it either finished or failed with
+    the pool's WorkerDiedError (a BrokenProcessPool); the pool then works again."""
+    import random
+
+    from easycore.errors import WorkerDiedError
+
+    rng = random.Random(20261126)
+    finished = failed = kills = 0
+    with Pool(2) as p:
+        for _round in range(12):
+            got: queue.Queue[int] = queue.Queue()
+            delay = rng.uniform(0.0, 0.06)
+            killed = threading.Event()
+
+            def kill_one(delay: float = delay, killed: threading.Event = killed) -> None:
+                time.sleep(delay)
+                procs = p.worker_processes()  # empty while the workers restart
+                if procs:
+                    try:
+                        os.kill(procs[rng.randrange(len(procs))].pid, signal.SIGKILL)
+                        killed.set()
+                    except ProcessLookupError:
+                        pass
+
+            killer = threading.Thread(target=kill_one)
+            out: list[int] = []
+            try:
+                it = p.imap(pd.same, _feedback(40, got))
+                killer.start()
+                for y in it:
+                    out.append(y)
+                    try:
+                        assert p.submit(pd.square, y).result(timeout=60) == y * y
+                        assert p.map(pd.square, [y, y + 1]) == [y * y, (y + 1) ** 2]
+                    finally:
+                        got.put(y)  # the input may go on (or end) either way
+                assert out == list(range(40))  # ended: every item came, in order
+                finished += 1
+            except WorkerDiedError:
+                assert out == list(range(len(out)))  # what came before, came right
+                failed += 1
+            finally:
+                killer.join(60)
+            assert p.map(pd.square, range(50)) == [x * x for x in range(50)]
+            kills += killed.is_set()
+    assert finished + failed == 12 and kills > 0
