@@ -154,135 +154,120 @@ def producer_main(
             ``extension.Extension``).
     """
     try:
-        _produce(runner_cls, index, device, cfg, in_q, out_q, parent_pid, setup, options)
+        opts = options or {}
+        fault("start")
+        ignore_signal(signal.SIGINT)
+        ignore_signal(INTERRUPT_SIGNAL)
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the caller's handler came with fork
+        if opts.get("start_method") == "fork":
+            # A fork holds every queue the caller held: let go of all but this producer's own,
+            # or a queue the caller drops while this producer runs keeps its names after it.
+            drop_inherited_holds([in_q.name, out_q.name])
+        owner = in_q.owner  # the caller: it created the queues
+        if owner is not None:
+            # Returns at once; if the caller dies, removes its names and ends this process.
+            exit_when_dead(owner)
+        alive = _parent_check(owner, parent_pid)
+        if not alive():
+            if owner is not None:  # its names go with it (its other children may be ending too)
+                sweep_dead_pids([int(owner.split("-", 1)[0])])
+            return
+        n = int(opts.get("n", 1))
+        core = ProducerCore(
+            runner_cls,
+            index,
+            n,
+            device,
+            cfg,
+            int(opts.get("seed", 0)),
+            setup,
+            opts.get("state"),
+            seed_per_item=bool(opts.get("seed_per_item", False)),
+            codec=opts.get("codec"),
+            fix=opts.get("fix_unsendable"),
+        )
+        core.begin(os.getpid())
+        if opts.get("start_method") == "fork":
+            _one_torch_thread()
+        codec = core.codec
+        # easycore.shm's allocators lease from the output queue's pool in this process.
+        leases.set_target(out_q, producers=n)
+        report = core.init()
+        if report is not None:
+            _send(out_q, codec, index, wire.ERROR, report, alive)
+            return
+        fault("ready")
+        _put(out_q, index, wire.READY, [repr(core.init_s).encode()], alive)
+        fault("first_task")
+
+        def on_interrupt(signum: int, frame: Any) -> None:
+            if core.interrupted():
+                raise Interrupted
+
+        signal.signal(INTERRUPT_SIGNAL, on_interrupt)
+        max_tasks = int(opts.get("max_tasks", 0))  # 0: no bound
+        done = 0  # work messages taken (a pool's: one task each, see _engine/retire.py)
+        while True:
+            if max_tasks and done >= max_tasks:
+                break  # retires: takes no more work
+            try:
+                seq, kind, parts = in_q.get(timeout=_PARENT_CHECK_S)
+            except QueueEmpty:
+                if not alive():
+                    return  # orphaned: the caller died without closing us
+                continue
+            except QueueClosed:
+                break
+            except Interrupted:
+                continue
+            msg_type, call = wire.unpack_kind(kind)
+            if msg_type == wire.STOP:
+                break
+            if msg_type != wire.WORK:
+                continue
+            done += 1
+            try:
+                t, out, first = core.run(call, parts, in_q.wait_seconds + out_q.wait_seconds)
+                del parts
+                if t == wire.ERROR:
+                    _send(out_q, codec, seq, wire.pack_kind(wire.ERROR, call), out, alive)
+                    continue
+                try:
+                    sent = _put(out_q, seq, wire.pack_kind(wire.RESULT, call), out, alive)
+                except (SharedMemoryError, OSError) as e:
+                    # /dev/shm full or mmap refused: tell the caller how much was asked and
+                    # what is free (the queue's message says it) instead of dying.
+                    err = error_report("producer_work", device, first, e, "shared_memory")
+                    _send(out_q, codec, seq, wire.pack_kind(wire.ERROR, call), err, alive)
+                    continue
+                del out
+                leases.after_send()  # arrays sent by reference become read-only
+                if not sent or not alive():
+                    return
+            except Interrupted:
+                continue  # the caller gave up on this call: drop the batch, wait for the next
+
+        ignore_signal(INTERRUPT_SIGNAL)  # an interrupt for work already done may arrive now
+        if max_tasks and done >= max_tasks:
+            # Every result of this producer was put: the caller may replace it from now on.
+            fault("retire_mark")
+            core.mark_retired(os.getpid())
+            fault("retire_end")
+            said = core.goodbye()
+            fault("retire_say")
+            _send(out_q, codec, index, wire.RETIRE, (*said, os.getpid()), alive)
+            fault("retire_exit")
+        else:
+            _send(out_q, codec, index, wire.BYE, core.goodbye(), alive)
+        if opts.get("start_method") == "fork":
+            # A forked multiprocessing child leaves by os._exit, which skips the C atexit hook
+            # that removes this process's liveness token (/dev/shm/ec.<pid>-<nonce>.live): every
+            # forked producer left one behind until the next sweep. Its work is done and said
+            # (BYE), and the caller judges its exit by the process, not the token: retire it now.
+            retire_identity()
     finally:
         # Whatever ended it (its caller gone, a retirement, a stop): it lets go of its
         # queues, and removes the names of those it was the last to use (the process ends
         # with os._exit, which drops no handle).
         leave_queues()
-
-
-def _produce(
-    runner_cls: Any,
-    index: int,
-    device: str,
-    cfg: Any,
-    in_q: Queue,
-    out_q: Queue,
-    parent_pid: int,
-    setup: Any,
-    options: dict[str, Any] | None,
-) -> None:
-    """:func:`producer_main`'s body."""
-    opts = options or {}
-    fault("start")
-    ignore_signal(signal.SIGINT)
-    ignore_signal(INTERRUPT_SIGNAL)
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the caller's handler came with fork
-    if opts.get("start_method") == "fork":
-        # A fork holds every queue the caller held: let go of all but this producer's own,
-        # or a queue the caller drops while this producer runs keeps its names after it.
-        drop_inherited_holds([in_q.name, out_q.name])
-    owner = in_q.owner  # the caller: it created the queues
-    if owner is not None:
-        # Returns at once; if the caller dies, removes its names and ends this process.
-        exit_when_dead(owner)
-    alive = _parent_check(owner, parent_pid)
-    if not alive():
-        if owner is not None:  # its names go with it (its other children may be ending too)
-            sweep_dead_pids([int(owner.split("-", 1)[0])])
-        return
-    n = int(opts.get("n", 1))
-    core = ProducerCore(
-        runner_cls,
-        index,
-        n,
-        device,
-        cfg,
-        int(opts.get("seed", 0)),
-        setup,
-        opts.get("state"),
-        seed_per_item=bool(opts.get("seed_per_item", False)),
-        codec=opts.get("codec"),
-        fix=opts.get("fix_unsendable"),
-    )
-    core.begin(os.getpid())
-    if opts.get("start_method") == "fork":
-        _one_torch_thread()
-    codec = core.codec
-    # easycore.shm's allocators lease from the output queue's pool in this process.
-    leases.set_target(out_q, producers=n)
-    report = core.init()
-    if report is not None:
-        _send(out_q, codec, index, wire.ERROR, report, alive)
-        return
-    fault("ready")
-    _put(out_q, index, wire.READY, [repr(core.init_s).encode()], alive)
-    fault("first_task")
-
-    def on_interrupt(signum: int, frame: Any) -> None:
-        if core.interrupted():
-            raise Interrupted
-
-    signal.signal(INTERRUPT_SIGNAL, on_interrupt)
-    max_tasks = int(opts.get("max_tasks", 0))  # 0: no bound
-    done = 0  # work messages taken (a pool's: one task each, see _engine/retire.py)
-    while True:
-        if max_tasks and done >= max_tasks:
-            break  # retires: takes no more work
-        try:
-            seq, kind, parts = in_q.get(timeout=_PARENT_CHECK_S)
-        except QueueEmpty:
-            if not alive():
-                return  # orphaned: the caller died without closing us
-            continue
-        except QueueClosed:
-            break
-        except Interrupted:
-            continue
-        msg_type, call = wire.unpack_kind(kind)
-        if msg_type == wire.STOP:
-            break
-        if msg_type != wire.WORK:
-            continue
-        done += 1
-        try:
-            t, out, first = core.run(call, parts, in_q.wait_seconds + out_q.wait_seconds)
-            del parts
-            if t == wire.ERROR:
-                _send(out_q, codec, seq, wire.pack_kind(wire.ERROR, call), out, alive)
-                continue
-            try:
-                sent = _put(out_q, seq, wire.pack_kind(wire.RESULT, call), out, alive)
-            except (SharedMemoryError, OSError) as e:
-                # /dev/shm full or mmap refused: tell the caller how much was asked and
-                # what is free (the queue's message says it) instead of dying.
-                err = error_report("producer_work", device, first, e, "shared_memory")
-                _send(out_q, codec, seq, wire.pack_kind(wire.ERROR, call), err, alive)
-                continue
-            del out
-            leases.after_send()  # arrays sent by reference become read-only
-            if not sent or not alive():
-                return
-        except Interrupted:
-            continue  # the caller gave up on this call: drop the batch, wait for the next
-
-    ignore_signal(INTERRUPT_SIGNAL)  # an interrupt for work already done may arrive now
-    if max_tasks and done >= max_tasks:
-        # Every result of this producer was put: the caller may replace it from now on.
-        fault("retire_mark")
-        core.mark_retired(os.getpid())
-        fault("retire_end")
-        said = core.goodbye()
-        fault("retire_say")
-        _send(out_q, codec, index, wire.RETIRE, (*said, os.getpid()), alive)
-        fault("retire_exit")
-    else:
-        _send(out_q, codec, index, wire.BYE, core.goodbye(), alive)
-    if opts.get("start_method") == "fork":
-        # A forked multiprocessing child leaves by os._exit, which skips the C atexit hook
-        # that removes this process's liveness token (/dev/shm/ec.<pid>-<nonce>.live): every
-        # forked producer left one behind until the next sweep. Its work is done and said
-        # (BYE), and the caller judges its exit by the process, not the token: retire it now.
-        retire_identity()
