@@ -2,6 +2,7 @@
 //! hang, with thin Python bindings (feature `python`) as the private module `easycore._core`.
 //!
 //! * [`shm`]: named shared-memory segments.
+//! * [`sweep`]: removing the names whose owners are gone.
 //! * [`wait`]: futex wait/wake on a shared word.
 //! * [`liveness`]: process identity and liveness the kernel vouches for (flocked tokens).
 //! * [`queue`]: the bounded inter-process message queue.
@@ -21,6 +22,7 @@ pub mod reorder;
 pub mod shm;
 pub mod shmlock;
 pub mod slots;
+pub mod sweep;
 pub mod trust;
 pub mod wait;
 

@@ -22,7 +22,7 @@
 //!
 //! An [`Identity`] is `(pid, nonce)`; it packs into one `u64` (never 0) so that shared-memory
 //! structures can store it in a single atomic word, and it names the token and the segments
-//! the process owns (`ec.<pid>-<nonce>.…`), which is how [`crate::shm::sweep_stale`] finds
+//! the process owns (`ec.<pid>-<nonce>.…`), which is how [`crate::sweep::sweep_stale`] finds
 //! what a dead owner left. A queue's names are tagged by the queue instead ([`QueueToken`]).
 //!
 //! Life cycle of a token:
@@ -495,7 +495,7 @@ pub fn drop_inherited_holds(keep: &[QueueTag]) -> usize {
 /// replaced by `/dev/null` rather than closed, as in [`drop_inherited_holds`]: the queue
 /// handles that own them may still be dropped (and close them) before the process ends. The
 /// caller then removes the names of the queues nobody holds any more
-/// ([`crate::shm::leave_queues`]).
+/// ([`crate::sweep::leave_queues`]).
 pub fn release_queue_holds() -> Vec<QueueTag> {
     // SAFETY: a valid C string; the descriptor is ours and closed below.
     let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
@@ -911,7 +911,7 @@ mod tests {
             };
             // SAFETY: polls our own pipe without waiting.
             while unsafe { libc::poll(&mut pfd, 1, 0) } == 0 {
-                crate::shm::sweep_pids(&[child as u32]);
+                crate::sweep::sweep_pids(&[child as u32]);
             }
             let mut b = [0u8];
             // SAFETY: reads one byte into a local; reaps our child; closes our pipe.
@@ -922,7 +922,7 @@ mod tests {
                 libc::close(fds[1]);
             }
             assert_eq!(b[0], 1, "a child's token was not named and held");
-            crate::shm::sweep_pids(&[child as u32]);
+            crate::sweep::sweep_pids(&[child as u32]);
         }
     }
 

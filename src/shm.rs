@@ -33,17 +33,12 @@
 //!   [`CoreError::NoSpace`] at once, never a `SIGBUS` on first touch.
 //!
 //! # The sweep
-//! [`sweep_stale`] removes what dead owners left: names of a process tag whose owner is dead
-//! ([`crate::liveness::owner_dead`]: a missing token alone is no proof of death), and names of
-//! a queue tag whose token nobody holds (taken with an exclusive lock, held while the names
-//! go). It removes only regular files of our uid, never follows a link, never blocks, and
-//! runs one liveness verdict per tag.
+//! What dead owners left is removed by [`crate::sweep`].
 
 use crate::error::{CoreError, Result};
 use crate::liveness::{self, Identity, QueueTag};
 use crate::trust::{self, Opened};
 use crate::wait::current_pid;
-use std::collections::HashMap;
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
@@ -369,120 +364,11 @@ pub fn owner_of(name: &str) -> Option<Owner> {
     Identity::from_tag(tag).map(Owner::Process)
 }
 
-/// Removes every name in `/dev/shm` owned by `owner` (segments and its token), if `owner` is
-/// dead. Returns how many were removed.
-pub fn sweep_owner(owner: Identity) -> usize {
-    sweep(|o| o == Owner::Process(owner), Burial::Patient)
-}
-
-/// Removes the names of processes with these pids that are dead (any nonce): for a parent that
-/// reaped its children, or a child that learned its parent died. Returns how many were
-/// removed.
-pub fn sweep_pids(pids: &[u32]) -> usize {
-    sweep(
-        |o| matches!(o, Owner::Process(id) if pids.contains(&id.pid)),
-        Burial::Patient,
-    )
-}
-
-/// How a sweep takes a dead process's token: one try at its lock, or (for a death this
-/// process just learned of: see [`liveness::bury_dead`]) asked again for a moment, since the
-/// others that learned of it probe or bury the same token at the same time.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Burial {
-    OneTry,
-    Patient,
-}
-
-/// For a process that ends right after (a watchdog before `_exit`): lets go of every queue
-/// this process holds and removes the names of those that no process holds any more. Returns
-/// how many names were removed.
-pub fn leave_queues() -> usize {
-    let tags = liveness::release_queue_holds();
-    if tags.is_empty() {
-        return 0;
-    }
-    sweep(
-        |o| matches!(o, Owner::Queue(t) if tags.contains(&t)),
-        Burial::OneTry,
-    )
-}
-
-/// Removes segments (and liveness tokens) left in `/dev/shm` by owners that are dead, and the
-/// names of queues that no process uses any more. Live processes in other PID namespaces that
-/// share `/dev/shm` (their tokens are held), names of other formats, and anything that is not
-/// a regular file of our uid are left alone. Returns how many were removed.
-pub fn sweep_stale() -> usize {
-    sweep(|_| true, Burial::OneTry)
-}
-
-/// Whether the entry is a regular file of ours (never follows a link).
-fn ours(entry: &std::fs::DirEntry) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    entry.metadata().is_ok_and(|m| {
-        // SAFETY: geteuid has no preconditions.
-        m.file_type().is_file() && m.uid() == unsafe { libc::geteuid() }
-    })
-}
-
-fn sweep(select: impl Fn(Owner) -> bool, burial: Burial) -> usize {
-    let Ok(dir) = std::fs::read_dir(liveness::SHM_DIR) else {
-        return 0;
-    };
-    // One verdict per owner: group the names first.
-    let mut groups: HashMap<Owner, Vec<std::fs::DirEntry>> = HashMap::new();
-    for entry in dir.flatten() {
-        let name = entry.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let Some(owner) = owner_of(name) else {
-            continue;
-        };
-        if select(owner) {
-            groups.entry(owner).or_default().push(entry);
-        }
-    }
-    let mut removed = 0;
-    let mut unlink_ours = |entries: &[std::fs::DirEntry]| {
-        for e in entries {
-            let name = e.file_name();
-            let name = name.to_string_lossy();
-            if !name.ends_with(".live") && ours(e) && unlink_name(&name).is_ok() {
-                removed += 1;
-            }
-        }
-    };
-    let mut tokens = 0;
-    for (owner, entries) in groups {
-        match owner {
-            Owner::Process(id) => {
-                if liveness::owner_dead(id) {
-                    unlink_ours(&entries);
-                    // The token last, holding its lock (a missing one needs nothing).
-                    tokens += usize::from(match burial {
-                        Burial::OneTry => liveness::bury(id),
-                        Burial::Patient => liveness::bury_dead(id),
-                    });
-                }
-            }
-            Owner::Queue(tag) => {
-                // Nobody holds the queue's token: take it exclusively and keep it while its
-                // names go; the hold removes the token when dropped.
-                if let Some(hold) = liveness::LastHold::take(tag) {
-                    unlink_ours(&entries);
-                    drop(hold);
-                    tokens += 1;
-                }
-            }
-        }
-    }
-    removed + tokens
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn exists(name: &str) -> bool {
+    pub(crate) fn exists(name: &str) -> bool {
         std::path::Path::new("/dev/shm")
             .join(name.trim_start_matches('/'))
             .exists()
@@ -524,28 +410,7 @@ mod tests {
         assert!(msg.contains("/dev/shm"), "{msg}");
     }
 
-    #[test]
-    fn sweep_removes_segments_of_dead_owners_only() {
-        let me = liveness::me().unwrap();
-        let dead = Identity {
-            pid: me.pid,
-            nonce: me.nonce ^ 0x0f0f_0f0f,
-        };
-        let stale = Segment::create(4096, dead).unwrap();
-        let live = Segment::create(4096, me).unwrap();
-        // An old-format name whose owner cannot be vouched for is never swept.
-        let old = Segment::create_named(&format!("/{NAME_PREFIX}{}.abcdef01", i32::MAX - 7), 4096)
-            .unwrap();
-        // Another sweep (a test beside this one, another process) may take it first: what
-        // counts is that the dead owner's segment is gone, not who removed it.
-        sweep_stale();
-        assert!(Segment::attach(stale.name()).is_err());
-        assert!(Segment::attach(live.name()).is_ok());
-        assert!(Segment::attach(old.name()).is_ok());
-        assert!(liveness::alive(me), "our own token survives the sweep");
-    }
-
-    fn plant(name: &str, how: &str) {
+    pub(crate) fn plant(name: &str, how: &str) {
         use std::os::unix::fs::PermissionsExt;
         let path = format!("/dev/shm/{}", name.trim_start_matches('/'));
         match how {
@@ -569,7 +434,7 @@ mod tests {
         }
     }
 
-    fn remove(name: &str) {
+    pub(crate) fn remove(name: &str) {
         let path = format!("/dev/shm/{}", name.trim_start_matches('/'));
         let _ = std::fs::remove_file(&path).or_else(|_| std::fs::remove_dir(&path));
     }
@@ -611,56 +476,6 @@ mod tests {
             Some(Owner::Queue(QueueTag(0x0123_4567_89ab_cdef)))
         );
         assert!(shm_path("/ec.a/b").is_err() && shm_path("/..").is_err());
-    }
-
-    #[test]
-    fn the_sweep_keeps_a_queue_s_names_while_a_party_holds_its_token() {
-        let q = liveness::QueueToken::create(liveness::me().unwrap()).unwrap();
-        let tag = q.tag().tag();
-        let seg = Segment::create_tagged(4096, &tag).unwrap();
-        seg.forget_name();
-        let name = seg.name().to_owned();
-        sweep_stale();
-        assert!(Segment::attach(&name).is_ok(), "a held queue's names stay");
-        // The last party ends without cleaning up (as if killed). Another process's sweep
-        // (any test run on this machine) may take the names first, so what is checked is
-        // that they are gone, not what this sweep counted.
-        drop(q);
-        sweep_stale();
-        assert!(Segment::attach(&name).is_err(), "segment removed");
-        assert!(!exists(&format!("/ec.{tag}.live")), "token removed");
-    }
-
-    #[test]
-    fn the_sweep_leaves_other_users_files_and_planted_things() {
-        let me = liveness::me().unwrap();
-        let dead = Identity {
-            pid: me.pid,
-            nonce: me.nonce ^ 0x0f0f_0f0f,
-        };
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        let mut planted = Vec::new();
-        for how in ["fifo", "link", "dir", "foreign"] {
-            if how == "foreign" && !root {
-                continue;
-            }
-            let name = new_name_for(dead).unwrap();
-            plant(&name, how);
-            planted.push(name);
-        }
-        // A token name planted as a FIFO must not hang the sweep.
-        let token = format!("/ec.{}.live", dead.tag());
-        plant(&token, "fifo");
-        sweep_stale();
-        for name in planted.iter().chain([&token]) {
-            let path = format!("/dev/shm{name}");
-            assert!(
-                std::fs::symlink_metadata(&path).is_ok(),
-                "{name} was removed by the sweep"
-            );
-            remove(name);
-        }
     }
 
     #[test]

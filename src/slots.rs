@@ -49,7 +49,7 @@
 //! [`slot_name`]; the queue name carries the queue's tag) so that any process of the queue can
 //! map them; `close()` unlinks the free ones at once and the rest as they are freed, the
 //! queue's creator unlinks all of them when it drops the queue, and the last process to leave
-//! the queue (or, if every party is killed, the next sweep, [`crate::shm::sweep_stale`])
+//! the queue (or, if every party is killed, the next sweep, [`crate::sweep::sweep_stale`])
 //! removes whatever is left: the names live by the queue's token
 //! ([`crate::liveness::QueueToken`]), held by every party, not by the creator's life, so a
 //! dead creator's messages stay readable until drained. At most `pool_cap` bytes of segments

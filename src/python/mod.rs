@@ -50,14 +50,14 @@ pub(crate) fn expired(deadline: Option<Instant>) -> bool {
 /// names of queues no process uses any more. Runs without the GIL (it reads `/dev/shm`).
 #[pyfunction]
 fn sweep_stale_segments(py: Python<'_>) -> usize {
-    detach::detach(py, crate::shm::sweep_stale)
+    detach::detach(py, crate::sweep::sweep_stale)
 }
 
 /// Removes the names (liveness tokens, segments) of the processes with these pids, if they are
 /// dead: for a parent that has reaped its children. Runs without the GIL.
 #[pyfunction]
 fn sweep_dead_pids(py: Python<'_>, pids: Vec<u32>) -> usize {
-    detach::detach(py, move || crate::shm::sweep_pids(&pids))
+    detach::detach(py, move || crate::sweep::sweep_pids(&pids))
 }
 
 /// For a process on its way out: lets go of every queue it holds and removes the names of
@@ -65,7 +65,7 @@ fn sweep_dead_pids(py: Python<'_>, pids: Vec<u32>) -> usize {
 /// were removed. Its queue handles should not be used after.
 #[pyfunction]
 fn leave_queues(py: Python<'_>) -> usize {
-    detach::detach(py, crate::shm::leave_queues)
+    detach::detach(py, crate::sweep::leave_queues)
 }
 
 /// In a process just forked: lets go of the queue holds it inherited, except those of the
@@ -130,10 +130,10 @@ fn exit_when_dead(owner_tag: &str, exit_code: i32) -> PyResult<()> {
         .spawn(move || {
             block_all_signals();
             crate::liveness::wait_for_death(id);
-            crate::shm::sweep_owner(id);
+            crate::sweep::sweep_owner(id);
             // This process ends now, without dropping its queues: let go of them, and remove
             // the names of those it was the last to use.
-            crate::shm::leave_queues();
+            crate::sweep::leave_queues();
             // SAFETY: _exit ends the process at once; nothing of ours needs to run.
             unsafe { libc::_exit(exit_code) };
         })

@@ -641,8 +641,17 @@ impl Drop for Queue {
         // of it, and handles attached by name, leave them, unless they are the last).
         // The last process to leave (whoever it is) removes what is left, holding the token
         // exclusively meanwhile; the hold removes the token itself when dropped, last.
-        let last = self.token.take().and_then(QueueToken::leave);
-        if !self.seg.is_creator() && last.is_none() {
+        let token = self.token.take();
+        let tag = token.as_ref().map(QueueToken::tag);
+        let last = token.and_then(QueueToken::leave);
+        if let (Some(_hold), Some(tag)) = (&last, tag) {
+            // Every name of the queue, those no table names included (a party that died
+            // between two steps of an eviction leaves one): nobody maps them again.
+            let _ = self.seg.unlink();
+            crate::sweep::unlink_queue_names(tag);
+            return;
+        }
+        if !self.seg.is_creator() {
             return;
         }
         // Views of pooled messages may keep the mapping alive (their leases hold it), but not
