@@ -4,6 +4,7 @@
 //! * [`shm`]: named shared-memory segments.
 //! * [`sweep`]: removing the names whose owners are gone.
 //! * [`wait`]: futex wait/wake on a shared word.
+//! * [`spin`]: spinning before a sleep, without yielding, while it pays.
 //! * [`liveness`]: process identity and liveness the kernel vouches for (flocked tokens).
 //! * [`queue`]: the bounded inter-process message queue.
 //! * [`slots`]: the queue's pool of reusable segments for large messages.
@@ -22,6 +23,7 @@ pub mod reorder;
 pub mod shm;
 pub mod shmlock;
 pub mod slots;
+pub mod spin;
 pub mod sweep;
 pub mod trust;
 pub mod wait;

@@ -8,12 +8,13 @@
 //! bit set wakes one waiter. A waiter killed while asleep leaves at most the bit set, which
 //! costs one spare wake-up, once.
 //!
-//! Waiting: spin briefly, then sleep on the word in naps of at most [`NAP`], never past the
-//! caller's deadline ([`ShmLock::lock`] returns `None` then). After a nap that ends with the
-//! same holder, seen for a nap or more since it last asked, the waiter asks whether the
-//! holder's *registration* is alive (its token still current and its liveness token,
-//! kernel-vouched, see [`crate::liveness`], still held) and takes the lock over from a dead
-//! holder with one compare-and-swap of the whole word it probed (`take_over`).
+//! Waiting: spin briefly (pauses only: [`crate::spin`]), then sleep on the word in naps of at
+//! most [`NAP`], never past the caller's deadline ([`ShmLock::lock`] returns `None` then).
+//! After a nap that ends with the same holder, seen for a nap or more since it last asked,
+//! the waiter asks whether the holder's *registration* is alive (its token still current and
+//! its liveness token, kernel-vouched, see [`crate::liveness`], still held) and takes the lock
+//! over from a dead holder with one compare-and-swap of the whole word it probed
+//! (`take_over`).
 //!
 //! Takeover is on identity, not on a reusable number: the compare-and-swap succeeds only if
 //! the word still holds the very token whose death was seen. A waiter that stalls between its
@@ -32,7 +33,6 @@
 //! non-blocking sections.
 
 use crate::wait;
-use crossbeam_utils::Backoff;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
@@ -125,20 +125,16 @@ impl ShmLock {
     /// Takes the lock if it is free now or becomes free within a short spin; never sleeps,
     /// never takes over. For callers that hold the GIL: on `None` they retry the slow way.
     pub fn try_lock(&self, me: u32) -> Option<ShmLockGuard<'_>> {
-        let backoff = Backoff::new();
-        loop {
-            if acquire_free(&self.word, me, false) {
-                return Some(ShmLockGuard {
-                    lock: self,
-                    took_over: false,
-                    me,
-                });
-            }
-            if backoff.is_completed() {
-                return None;
-            }
-            backoff.snooze();
-        }
+        // Pauses only: a yield would move this process behind every busy one of the
+        // machine (see crate::spin).
+        // (`then`, not `then_some`: a guard made for a lock not taken would unlock it when
+        // dropped.)
+        let taken = crate::spin::spin_rounds(12, || acquire_free(&self.word, me, false));
+        taken.then(|| ShmLockGuard {
+            lock: self,
+            took_over: false,
+            me,
+        })
     }
 
     /// Takes the lock as the party of token `me`, waiting until `deadline` at most (`None`:

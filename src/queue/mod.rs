@@ -43,9 +43,10 @@
 //! # Waiting
 //! Blocked readers wait on the futex word `data_seq`, bumped by every commit and by close;
 //! blocked writers on `space_seq`, bumped by every release and by close. Each side first spins
-//! for a few microseconds (never past its deadline), and the other side makes a wake system
-//! call only when someone is asleep (one waiter per committed message; every writer when
-//! space is freed).
+//! for a few microseconds (never past its deadline, never yielding the CPU, and only while
+//! its spins catch what they wait for: [`crate::spin`]), and the other side makes a wake
+//! system call only when someone is asleep (one waiter per committed message; every writer
+//! when space is freed).
 
 mod byref;
 #[cfg(test)]
@@ -63,8 +64,8 @@ use crate::liveness::{self, Identity, QueueToken};
 use crate::shm::{Owner, Segment};
 use crate::shmlock::ShmLockGuard;
 use crate::slots::{SideBuf, SlotMaps, TableAt};
+use crate::spin::{spin_until, SpinPolicy};
 use crate::wait::{self, current_pid};
-use crossbeam_utils::Backoff;
 use layout::{align_up, Header, RecordHeader, ALIGN, HEADER_BYTES, MAGIC, REC_BYTES, VERSION};
 use parties::Side;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -127,7 +128,10 @@ impl Default for QueueConfig {
 pub struct Queue {
     seg: Arc<Segment>,
     ring_size: u64,
+    /// How long a blocked call may spin before it sleeps (0: never).
     spin: Duration,
+    /// Whether this handle's waits spin first, readers' and writers' ([`crate::spin`]).
+    spin_policy: [SpinPolicy; 2],
     /// This process's mappings of slot segments.
     maps: SlotMaps,
     /// `pid << 32 | token`: this process's party in the queue, registered on first use, in
@@ -210,6 +214,7 @@ impl Queue {
             seg: Arc::new(seg),
             ring_size: ring,
             spin: Duration::from_micros(20),
+            spin_policy: Default::default(),
             maps: SlotMaps::default(),
             me: AtomicU64::new(0),
             deferred: std::sync::Mutex::new(Vec::new()),
@@ -538,8 +543,9 @@ impl Queue {
         )
     }
 
-    /// Spins, then sleeps on `word` while it holds `seen`, until `deadline`. Returns false if
-    /// the deadline passed. Runs a dead-process check when a sleep ends without progress.
+    /// Spins (if this side's spins pay: [`crate::spin`]), then sleeps on `word` while it
+    /// holds `seen`, until `deadline`. Returns false if the deadline passed. Runs a
+    /// dead-process check when a sleep ends without progress.
     fn wait_for(
         &self,
         word: &AtomicU32,
@@ -553,38 +559,46 @@ impl Queue {
         if past(start) {
             return false;
         }
-        let backoff = Backoff::new();
-        while word.load(Ordering::SeqCst) == seen {
-            let now = Instant::now();
-            if past(now) {
-                return false;
-            }
-            if now - start >= self.spin {
-                let left = match deadline {
-                    Some(d) => (d - now).min(RECOVER_TICK),
-                    None => RECOVER_TICK,
-                };
-                let Ok(me) = self.party() else {
-                    return true; // cannot sleep counted: let the caller retry
-                };
-                let h = self.hdr();
-                // The party's own count goes up first and down last, so it always covers
-                // what this waiter added to the total, which repair takes off (saturating)
-                // if it frees the party.
-                h.parties.note_wait(me, side, true);
-                waiting.fetch_add(1, Ordering::SeqCst);
-                wait::wait(word, seen, Some(left));
-                let _ = waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
-                    Some(v.saturating_sub(1))
-                });
-                h.parties.note_wait(me, side, false);
-                if word.load(Ordering::SeqCst) == seen {
-                    self.close_if_owner_died();
-                    self.recover_if_due();
-                }
+        if word.load(Ordering::SeqCst) != seen {
+            return true;
+        }
+        let policy = &self.spin_policy[side as usize];
+        if !self.spin.is_zero() && policy.should_spin() {
+            let until = match deadline {
+                Some(d) => d.min(start + self.spin),
+                None => start + self.spin,
+            };
+            let caught = spin_until(until, || word.load(Ordering::SeqCst) != seen);
+            policy.record(caught);
+            if caught {
                 return true;
             }
-            backoff.snooze();
+        }
+        let now = Instant::now();
+        if past(now) {
+            return false;
+        }
+        let left = match deadline {
+            Some(d) => (d - now).min(RECOVER_TICK),
+            None => RECOVER_TICK,
+        };
+        let Ok(me) = self.party() else {
+            return true; // cannot sleep counted: let the caller retry
+        };
+        let h = self.hdr();
+        // The party's own count goes up first and down last, so it always covers what this
+        // waiter added to the total, which repair takes off (saturating) if it frees the
+        // party.
+        h.parties.note_wait(me, side, true);
+        waiting.fetch_add(1, Ordering::SeqCst);
+        wait::wait(word, seen, Some(left));
+        let _ = waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
+            Some(v.saturating_sub(1))
+        });
+        h.parties.note_wait(me, side, false);
+        if word.load(Ordering::SeqCst) == seen {
+            self.close_if_owner_died();
+            self.recover_if_due();
         }
         true
     }

@@ -1033,3 +1033,27 @@ fn many_idle_waiters_scan_for_the_dead_once_a_tick_between_them() {
     );
     assert!(scans >= 1, "nobody scanned");
 }
+
+#[test]
+fn a_waiter_whose_spins_never_catch_anything_stops_spinning_and_still_gets_its_message() {
+    // Waits that time out with nothing sent: each spin ends in a sleep.
+    let q = small(1 << 16);
+    for _ in 0..3 {
+        let d = Some(Instant::now() + Duration::from_millis(5));
+        assert!(matches!(q.claim(1, d), Err(CoreError::Empty)));
+    }
+    assert!(
+        q.spin_policy[0].misses() >= crate::spin::MISS_LIMIT,
+        "the reader's missed spins were not counted"
+    );
+    assert_eq!(q.spin_policy[1].misses(), 0, "the writers' side is its own");
+    // A waiter that sleeps at once is still woken by the next message.
+    let q = Arc::new(q);
+    let reader = {
+        let q = q.clone();
+        thread::spawn(move || get(&q, Some(Instant::now() + Duration::from_secs(60))))
+    };
+    thread::sleep(Duration::from_millis(20));
+    q.put(7, 0, &[b"x"], None).unwrap();
+    assert_eq!(reader.join().unwrap().unwrap().0, 7);
+}
