@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 from easycore._core import (
@@ -42,6 +43,9 @@ from easycore._engine.reports import error_report
 from easycore.errors import QueueClosed, QueueEmpty, QueueFull, SharedMemoryError
 
 _PARENT_CHECK_S = 0.5
+_ALIVE_AFTER_SEND_S = 0.05
+"""While results flow, the caller's liveness is asked at most this often (a probe of its token
+is a few system calls: per result, it was a tenth of a request/response round trip)."""
 
 
 def ignore_signal(signum: int) -> None:
@@ -208,6 +212,7 @@ def producer_main(
         signal.signal(INTERRUPT_SIGNAL, on_interrupt)
         max_tasks = int(opts.get("max_tasks", 0))  # 0: no bound
         done = 0  # work messages taken (a pool's: one task each, see _engine/retire.py)
+        next_alive_check = 0.0
         while True:
             if max_tasks and done >= max_tasks:
                 break  # retires: takes no more work
@@ -243,8 +248,12 @@ def producer_main(
                     continue
                 del out
                 leases.after_send()  # arrays sent by reference become read-only
-                if not sent or not alive():
+                if not sent:
                     return
+                if time.monotonic() >= next_alive_check:
+                    if not alive():
+                        return
+                    next_alive_check = time.monotonic() + _ALIVE_AFTER_SEND_S
             except Interrupted:
                 continue  # the caller gave up on this call: drop the batch, wait for the next
 
