@@ -133,11 +133,30 @@ fn no_space(requested: u64) -> CoreError {
     }
 }
 
-fn map(fd: libc::c_int, len: usize, name: &str) -> Result<NonNull<u8>> {
+/// When a mapping's pages enter this process's page tables.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pages {
+    /// All of them at once, as the mapping is made (`MAP_POPULATE`): for a segment that is
+    /// about to be written or read whole (a large message), where faulting its pages one by
+    /// one would cost more than the copy.
+    Populated,
+    /// Each on first touch: for a segment used a little at a time (a queue's ring), so that
+    /// making it costs nothing per byte. Its space is committed either way
+    /// (`posix_fallocate`): a touch never meets a full `/dev/shm`.
+    OnTouch,
+}
+
+fn map(fd: libc::c_int, len: usize, name: &str, pages: Pages) -> Result<NonNull<u8>> {
     #[cfg(target_os = "linux")]
-    let flags = libc::MAP_SHARED | libc::MAP_POPULATE;
+    let flags = match pages {
+        Pages::Populated => libc::MAP_SHARED | libc::MAP_POPULATE,
+        Pages::OnTouch => libc::MAP_SHARED,
+    };
     #[cfg(not(target_os = "linux"))]
-    let flags = libc::MAP_SHARED;
+    let flags = {
+        let _ = pages;
+        libc::MAP_SHARED
+    };
     // SAFETY: fd is an open shared-memory object of at least `len` bytes; we ask the kernel
     // for a fresh mapping and check the result before using it.
     let p = unsafe {
@@ -164,8 +183,13 @@ impl Segment {
 
     /// Creates a new segment of `len` bytes (zero-filled) under a fresh name tagged `tag`.
     pub fn create_tagged(len: usize, tag: &str) -> Result<Segment> {
+        Self::create_tagged_with(len, tag, Pages::Populated)
+    }
+
+    /// [`Segment::create_tagged`], with its pages mapped as `pages` says.
+    pub fn create_tagged_with(len: usize, tag: &str, pages: Pages) -> Result<Segment> {
         for _ in 0..16 {
-            match Self::create_named(&new_name_tagged(tag)?, len) {
+            match Self::create_named_with(&new_name_tagged(tag)?, len, pages) {
                 Err(CoreError::Io { source, .. })
                     if source.raw_os_error() == Some(libc::EEXIST) =>
                 {
@@ -181,6 +205,11 @@ impl Segment {
 
     /// Creates a new segment under exactly this name (it must not exist yet: `O_EXCL`, 0600).
     pub fn create_named(name: &str, len: usize) -> Result<Segment> {
+        Self::create_named_with(name, len, Pages::Populated)
+    }
+
+    /// [`Segment::create_named`], with its pages mapped as `pages` says.
+    pub fn create_named_with(name: &str, len: usize, pages: Pages) -> Result<Segment> {
         if len == 0 {
             return Err(CoreError::Invalid(
                 "a segment needs at least one byte".into(),
@@ -191,7 +220,7 @@ impl Segment {
             context: format!("creating shared-memory segment {name}"),
             source: e,
         })?;
-        let made = Self::size_and_map(fd.as_raw_fd(), len, name);
+        let made = Self::size_and_map(fd.as_raw_fd(), len, name, pages);
         drop(fd); // the mapping (if any) keeps the object alive
         match made {
             Ok(ptr) => Ok(Segment {
@@ -214,7 +243,7 @@ impl Segment {
         self.unlinked.store(true, Ordering::Release);
     }
 
-    fn size_and_map(fd: libc::c_int, len: usize, name: &str) -> Result<NonNull<u8>> {
+    fn size_and_map(fd: libc::c_int, len: usize, name: &str, pages: Pages) -> Result<NonNull<u8>> {
         // SAFETY: fd is an open, writable shared-memory object.
         if unsafe { libc::ftruncate(fd, len as libc::off_t) } != 0 {
             let err = std::io::Error::last_os_error();
@@ -240,7 +269,7 @@ impl Segment {
                 });
             }
         }
-        map(fd, len, name)
+        map(fd, len, name, pages)
     }
 
     /// Maps an existing segment by name (from any process, whatever its start method). Only a
@@ -248,6 +277,11 @@ impl Segment {
     /// name (another user's file, a link, a FIFO, a directory) is [`CoreError::BadSegment`],
     /// and nothing blocks.
     pub fn attach(name: &str) -> Result<Segment> {
+        Self::attach_with(name, Pages::Populated)
+    }
+
+    /// [`Segment::attach`], with its pages mapped as `pages` says.
+    pub fn attach_with(name: &str, pages: Pages) -> Result<Segment> {
         let path = shm_path(name)?;
         let (fd, st) = match trust::open_own(&path, libc::O_RDWR) {
             Opened::Ours(fd, st) => (fd, st),
@@ -276,7 +310,7 @@ impl Segment {
         if len == 0 {
             return Err(CoreError::BadSegment(format!("{name} has size 0")));
         }
-        let ptr = map(fd.as_raw_fd(), len, name)?;
+        let ptr = map(fd.as_raw_fd(), len, name, pages)?;
         drop(fd); // the mapping stays valid after close
         Ok(Segment {
             name: name.to_owned(),

@@ -61,7 +61,7 @@ mod write;
 
 use crate::error::{CoreError, Result};
 use crate::liveness::{self, Identity, QueueToken};
-use crate::shm::{Owner, Segment};
+use crate::shm::{Owner, Pages, Segment};
 use crate::shmlock::ShmLockGuard;
 use crate::slots::{SideBuf, SlotMaps, TableAt};
 use crate::spin::{spin_until, SpinPolicy};
@@ -173,14 +173,21 @@ impl Queue {
             .clamp(REC_BYTES * 2, ring / 2);
         let owner = liveness::me()?;
         let token = QueueToken::create(owner)?;
-        let made = Segment::create_tagged(HEADER_BYTES + ring as usize, &token.tag().tag())
-            .and_then(|seg| {
-                let key = crate::trust::random_u64().map_err(|e| CoreError::Io {
-                    context: "getrandom for a queue's slot names".into(),
-                    source: e,
-                })?;
-                Ok((seg, key))
-            });
+        // The ring is used a little at a time: its pages are mapped as they are first
+        // touched, so that making a queue costs nothing per byte of ring (committing its
+        // space still does: posix_fallocate).
+        let made = Segment::create_tagged_with(
+            HEADER_BYTES + ring as usize,
+            &token.tag().tag(),
+            Pages::OnTouch,
+        )
+        .and_then(|seg| {
+            let key = crate::trust::random_u64().map_err(|e| CoreError::Io {
+                context: "getrandom for a queue's slot names".into(),
+                source: e,
+            })?;
+            Ok((seg, key))
+        });
         let (seg, name_key) = match made {
             Ok(made) => made,
             Err(e) => {
@@ -234,7 +241,7 @@ impl Queue {
             Some(Owner::Queue(tag)) => Some(QueueToken::join(tag)?),
             _ => None,
         };
-        let seg = match Segment::attach(name) {
+        let seg = match Segment::attach_with(name, Pages::OnTouch) {
             Ok(seg) => seg,
             Err(e) => {
                 // Gone (or refused): if we were the last to hold the token, it goes too.

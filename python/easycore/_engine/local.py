@@ -179,8 +179,9 @@ def start_local(start: ProducerStart) -> LocalWorkers:
     # Large items and results travel zero-copy in pooled segments (at most twice the
     # ring's bytes by default): /dev/shm use stays within 3 * (in_bytes + out_bytes).
     # The rings only hold small messages (larger ones go to side segments within the
-    # side budget), and their space is committed and touched at creation: small
-    # rings start in a few ms where rings of the full budget took ~70 ms.
+    # side budget), and their space is committed at creation (its pages are mapped as
+    # they are first touched): small rings start in about a millisecond each where rings
+    # of the full budget took ~70 ms.
     in_q = Queue(
         capacity_bytes=min(in_bytes, _RING_IN),
         max_messages=max_msgs,
