@@ -78,8 +78,13 @@ pub fn sweep_stale() -> usize {
 
 /// Whether the entry is a regular file of ours (never follows a link).
 fn ours(entry: &std::fs::DirEntry) -> bool {
+    own_file(entry.metadata())
+}
+
+/// Whether these (`lstat`) figures are a regular file's of our uid.
+fn own_file(meta: std::io::Result<std::fs::Metadata>) -> bool {
     use std::os::unix::fs::MetadataExt;
-    entry.metadata().is_ok_and(|m| {
+    meta.is_ok_and(|m| {
         // SAFETY: geteuid has no preconditions.
         m.file_type().is_file() && m.uid() == unsafe { libc::geteuid() }
     })
@@ -165,11 +170,7 @@ pub fn unlink_queue_names(tag: QueueTag) -> usize {
 
 /// Whether `path` (in `/dev/shm`) is a regular file of ours, without following a link.
 fn is_ours(path: &str) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path).is_ok_and(|m| {
-        // SAFETY: geteuid has no preconditions.
-        m.file_type().is_file() && m.uid() == unsafe { libc::geteuid() }
-    })
+    own_file(std::fs::symlink_metadata(path))
 }
 
 /// The segment name of the queue a pooled slot name belongs to (`<queue>.<idx>.<gen>.<hash>`
