@@ -277,3 +277,20 @@ def test_a_zygote_child_exit_code_asked_by_two_threads_at_once() -> None:
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[3, 3]"
+
+
+@pytest.mark.timeout(120)
+def test_a_map_is_cut_into_tasks_as_the_stdlib_cuts_it() -> None:
+    # multiprocessing.Pool.map reads its input into a list and sends ceil(len / (4 * workers))
+    # items per task: 2,000 items over 2 workers are 8 tasks, so with maxtasksperchild=5 at
+    # most one or two workers retire. One item per task made a worker retire every 5 items
+    # (about 400 workers for one call).
+    with Pool(2, maxtasksperchild=5) as pool:
+        for call in (
+            lambda: [p for _, p in pool.map(rd.pid_of, (x for x in range(2000)))],
+            lambda: [p for _, p in pool.starmap(rd.pids_of, ((x, x) for x in range(2000)))],
+            lambda: [p for _, p in pool.map_async(rd.pid_of, list(range(2000))).get(60)],
+        ):
+            pids = call()
+            assert len(pids) == 2000
+            assert len(set(pids)) <= 4, f"{len(set(pids))} workers for 2,000 items"

@@ -222,6 +222,20 @@ class Pool(_PoolBase):
             self._open_job(func, iterable, _STAR, ordered, chunksize), timeout, progress
         )
 
+    def _map_tasks(
+        self, iterable: Iterable[Any], chunksize: int | None
+    ) -> tuple[Iterable[Any], int | None]:
+        """With ``maxtasksperchild`` and no ``chunksize``, a ``map`` call is cut into tasks as
+        ``multiprocessing.Pool.map`` cuts it: the input read into a list, in chunks of
+        ``ceil(len / (4 * workers))`` items, each a task. (Otherwise the first calls, whose
+        cost is not known yet, went one item per task: a worker retired every
+        ``maxtasksperchild`` items.)"""
+        if not self._max_tasks or chunksize is not None:
+            return iterable, chunksize
+        items = iterable if hasattr(iterable, "__len__") else list(iterable)
+        chunks, extra = divmod(len(items), 4 * len(self._runner.devices))  # type: ignore[arg-type]
+        return items, max(1, chunks + bool(extra))
+
     def map(
         self,
         func: Callable[[_S], _T],
@@ -243,6 +257,7 @@ class Pool(_PoolBase):
         Returns:
             list: the results, in input order.
         """
+        iterable, chunksize = self._map_tasks(iterable, chunksize)
         return list(self.imap(func, iterable, chunksize, timeout=timeout, progress=progress))
 
     def starmap(
@@ -266,6 +281,7 @@ class Pool(_PoolBase):
         Returns:
             list: the results, in input order.
         """
+        iterable, chunksize = self._map_tasks(iterable, chunksize)
         return list(self.istarmap(func, iterable, chunksize, timeout=timeout, progress=progress))
 
     # ----- single tasks -----
@@ -371,6 +387,7 @@ class Pool(_PoolBase):
         Returns:
             AsyncResult: its ``get(timeout)`` returns the list of results, in input order.
         """
+        iterable, chunksize = self._map_tasks(iterable, chunksize)
         job = self._open_job(func, iterable, _ONE, True, chunksize)
         return calls.collect(lambda: self._results(job, None), callback, error_callback)
 
@@ -394,6 +411,7 @@ class Pool(_PoolBase):
         Returns:
             AsyncResult: its ``get(timeout)`` returns the list of results, in input order.
         """
+        iterable, chunksize = self._map_tasks(iterable, chunksize)
         job = self._open_job(func, iterable, _STAR, True, chunksize)
         return calls.collect(lambda: self._results(job, None), callback, error_callback)
 

@@ -169,6 +169,7 @@ class _PoolBase:
         # input queue whose arena a caller's arrays are leased from).
         self._runner = self._stream.runner
         n = len(self._runner.devices)
+        self._max_tasks = maxtasksperchild
         # Tasks sent ahead of the workers: few, so that a future cancelled soon after submit()
         # is still cancellable (it is "running" once sent), yet every worker has a next one.
         self._schedule.set_bounds(
