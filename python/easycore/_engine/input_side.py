@@ -7,10 +7,10 @@ measured cost; packing, pickling and sending them through the transport, never b
 What the receiving side uses, its whole interface:
 
 * to run the input: :meth:`InputSide.start_reader` (with ``reader.read_runs``, the input
-  thread's body), :meth:`~InputSide.send_available`
-  (under ``send_lock``), :meth:`~InputSide.reads_direct` and :meth:`~InputSide.read_one`
-  (it reads the input itself), :meth:`~InputSide.send_direct` (the pool's caller read
-  them, or other threads queue ready work), :meth:`~InputSide.receiver_sleeps` and
+  thread's body), :meth:`~InputSide.send_available` (under ``send_lock``),
+  :meth:`~InputSide.reads_direct` and :meth:`~InputSide.read_and_send` (it reads the input
+  itself), :meth:`~InputSide.send_direct` (the pool's caller read them, or other threads
+  queue ready work), :meth:`~InputSide.receiver_sleeps` and
   :meth:`~InputSide.receiver_woke` around each wait for results, :meth:`~InputSide.stop`,
   :meth:`~InputSide.join_reader`, :meth:`~InputSide.seal` (before the call ends);
 * to account: :meth:`~InputSide.result_received` (one per result message, giving the input
@@ -119,7 +119,7 @@ class InputSide:
         # Handed back (a probe) and the input thread has not read an item since: the
         # receiving thread does not ask for the input again until it did (on a loaded
         # machine it would ask before the input thread ran, and an input that turned fast
-        # would never be read ahead again). Set by read_one, cleared by the input thread.
+        # would never be read ahead again). Set by read_and_send, cleared by the input thread.
         self.awaiting_reader = False
         self.reader_done = self.seq_data is not None
         self.pack = pack
@@ -203,7 +203,7 @@ class InputSide:
             self.ready_to_send()
             or self.input_error is not None
             or self.send_error is not None
-            or (self.direct and self.reads_direct())
+            or (self.direct and self.delivered >= self.dispatched and self.reads_direct())
             or (self.reader_done and self.delivered >= self.dispatched and self.input_over())
         ):
             self.receiver_woke()
@@ -224,7 +224,9 @@ class InputSide:
     def delivered_chunk(self, count: int) -> None:
         """``count`` input items were handed out: room for the reader."""
         self.delivered += count
-        self.wake_reader()
+        if self.reader_waiting:  # (wake_reader, inline: once per result message)
+            with self.cond:
+                self.cond.notify_all()
 
     def stop(self) -> None:
         """Tells the reader and the receiver to stop (any thread): the flag they test, a
@@ -252,10 +254,13 @@ class InputSide:
             with self.cond:
                 self.cond.notify_all()
 
-    def read_one(self) -> None:
-        """The next input item, read in the receiving thread (``read_ahead=False``, or while
-        the input thread handed the input over: see :meth:`hand_over`). Nothing is in
-        flight, so waiting for it here holds no result back."""
+    def read_and_send(self) -> bool:
+        """Reads the next input item in the receiving thread (``read_ahead=False``, or while
+        the input thread handed the input over: see :meth:`note_starved`) and sends it at
+        once, as a batch of its own: whether a batch went out (False: the input ended or
+        raised, or the item waits to be sent). Nothing is in flight, so waiting for the item
+        here holds no result back, and a request/response loop's round trip takes one pass
+        through the receiving loop."""
         t = time.perf_counter()
         if self.buf_off and self.reader is not None:
             # Everything read is sent (see reads_direct), and the input thread, parked,
@@ -264,28 +269,43 @@ class InputSide:
             with self.send_lock:
                 self.compact_sent()
         try:
-            self.buf.append(next(self.it))  # type: ignore[arg-type]
+            item = next(self.it)  # type: ignore[arg-type]
         except StopIteration:
             self.input_ended()
+            return False
         except BaseException as e:  # noqa: BLE001 - raised by the loop, as the reader's are
             self.input_error = e
             self.input_ended()
-        else:
-            self.direct_total += 1
-            if self.direct:
-                self.direct_reads += 1
-                if self.direct_reads >= self.probe_at:
-                    # Try reading ahead again, while this item is in flight: an input that
-                    # now runs ahead gets its batches back; a request/response one is
-                    # handed back after its next item, and tried again twice as late.
-                    self.probe_at = min(2 * self.probe_at, _PROBE_LAST)
-                    self.starved = _DIRECT_AFTER - 1  # still request/response: ask at once
-                    with self.cond:
-                        self.awaiting_reader = True
-                        self.want_direct = False
-                        self.direct = False
-                        self.cond.notify_all()
-        self.stats.input_wait_s += time.perf_counter() - t
+            return False
+        finally:
+            self.stats.input_wait_s += time.perf_counter() - t
+        self.direct_total += 1
+        with self.send_lock:
+            if self.pending is None and not self.urgent:
+                # The buffer is all sent (see reads_direct): the item's batch is the next.
+                pack = self.pack
+                self.pending = self.encode(
+                    [item] if pack is None else pack([item]), 1, pack is not None
+                )
+                sent = self.pending is not None and self.send_pending(self.workers.send)
+            else:  # another thread queued work meanwhile: the item goes behind it
+                self.buf.append(item)
+                sent = self.send_available()
+        if self.direct:
+            self.direct_reads += 1
+            if self.direct_reads >= self.probe_at:
+                # Try reading ahead again, while this item is in flight (sent first: what
+                # the input thread reads next goes behind it): an input that now runs ahead
+                # gets its batches back; a request/response one is handed back after its
+                # next item, and tried again twice as late.
+                self.probe_at = min(2 * self.probe_at, _PROBE_LAST)
+                self.starved = _DIRECT_AFTER - 1  # still request/response: ask at once
+                with self.cond:
+                    self.awaiting_reader = True
+                    self.want_direct = False
+                    self.direct = False
+                    self.cond.notify_all()
+        return sent
 
     def reader_read(self) -> None:
         """The input thread read an item of the input handed back to it: the receiving
@@ -483,6 +503,8 @@ class InputSide:
         while not self.abort:
             if self.pending is None:
                 urgent = self.urgent
+                if not urgent and self.seq_data is None and len(self.buf) <= self.buf_off:
+                    return sent  # nothing read waits (the common case between two results)
                 if urgent:
                     # One work item a batch (a task, or a chunk of a call sized to a few
                     # ms of work): each may go to another producer.
@@ -589,8 +611,6 @@ class InputSide:
             return False
         if self.urgent:
             return True
-        if self.blind():
-            return False
-        if self.seq_data is not None:
-            return False  # sliced by the receiver itself: nothing arrives behind its back
-        return self.unsent() > 0
+        if self.seq_data is not None or len(self.buf) <= self.buf_off:
+            return False  # a sequence is sliced by the receiver: nothing comes behind its back
+        return not self.blind()

@@ -42,7 +42,7 @@ def _hand_over(side: InputSide) -> bool:
     behaved as a request/response loop: see ``InputSide.note_starved``), so it reads it from
     now on, whenever nothing is in flight (no hand-off through this thread for each
     item: a thread switch or two per round trip). This thread waits until the
-    receiving thread hands it back (see ``InputSide.read_one``); False: the call or the
+    receiving thread hands it back (see ``InputSide.read_and_send``); False: the call or the
     input is over meanwhile."""
     with side.cond:
         side.direct = True

@@ -267,9 +267,8 @@ class Call:
             if inp.abort:
                 self._check_health()
                 raise RunnerClosedError("the call was aborted")
-            if inp.reads_direct():
-                inp.read_one()
-                continue
+            if inp.reads_direct() and not inp.read_and_send():
+                continue  # the input ended or raised: the checks above say what follows
             # Sleep on the output queue. While fewer batches are on their way than there are
             # producers, one may run dry: the reader wakes us (or sends) as each item comes.
             # Otherwise the next result wakes us soon, and new input waits for it (every
@@ -377,7 +376,9 @@ class Call:
                 merge_slow(stats, wi, slow)
             del parts
             count = inp.result_received(seq, len(results))
-            learned.out_bytes_per_item = _ema(learned.out_bytes_per_item, nb / max(1, count))
+            per = nb / max(1, count)
+            prev = learned.out_bytes_per_item  # (_ema, inline: once per result message)
+            learned.out_bytes_per_item = per if prev <= 0 else 0.7 * prev + 0.3 * per
             self._learn(wi, busy, wait, count)
             done[wi] = done.get(wi, 0) + count
             if self.reorder is None:

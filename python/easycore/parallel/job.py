@@ -336,6 +336,8 @@ class _Job:
         on its way: an input that now runs ahead is read in segments again; a
         request/response one is asked for again at the caller's next wait, and kept twice as
         long."""
+        if not self.caller_reads:
+            return False  # said already (both flags are the calling thread's own to write)
         with self.lock:
             self.caller_reads = False
             back = self.handing_back

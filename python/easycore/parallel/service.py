@@ -40,6 +40,7 @@ _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims a
 # and results alike, and each job's results by bytes (StreamService._bound_room), so large
 # items are held to a few.
 _WINDOW = 65536
+_ROOM_EVERY = 64  # result messages between two settings of the room, at most
 # The service thread parks for callers that wait for their tasks (``apply``) for this long
 # after the last one: long enough for a loop's next call, short enough that a pool whose
 # tasks then come through ``submit`` alone soon sends them without a hand-over.
@@ -129,6 +130,8 @@ class StreamService(CallerTurns):
         self.end_error: BaseException | None = None  # what the workers' exit raised
         self.thread: threading.Thread | None = None
         self._n_results = 0  # map results received by the current stream
+        self._room_per = 0.0  # the bytes per result the room was last set for
+        self._room_due = 0  # messages until the room is set again anyway
         self._quiet_before = False  # the last stream failure was a quiet restart
         self.task_timeout: float | None = runner_options.get("task_timeout")
         self.max_tasks = int(runner_options.get("max_tasks") or 0)
@@ -222,7 +225,7 @@ class StreamService(CallerTurns):
             self.call = call
             self.generation = generation
             scheduler.begin_stream(feed)
-            self._n_results = 0
+            self._n_results = self._room_due = 0
             self._run(call)
             if scheduler.closed_and_all_sent():
                 return True
@@ -442,6 +445,12 @@ class StreamService(CallerTurns):
             return
         self._n_results += n_results
         per = call.stats.bytes_out / max(1, self._n_results)
+        self._room_due -= 1
+        if self._room_due > 0 and 8 * abs(per - self._room_per) <= per:
+            # Within an eighth of the size the room was last set for: set again only now
+            # and then (the output pool may have grown), not at every message.
+            return
+        self._room_per, self._room_due = per, _ROOM_EVERY
         if per > 0:
             room = min(_WINDOW, int(call.max_inflight_bytes / per))
             pooled = call.input.sizing.pooled_results(per)
