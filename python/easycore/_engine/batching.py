@@ -54,14 +54,20 @@ class Sizing:
     def batch_size(self) -> int:
         """Items per batch: about 4 ms of producer work, within the byte bound and
         ``max_batch``; 1 while the cost is not known."""
-        cost = self.cost_now()
+        # Once per batch and per result message: conditionals, not min/max calls.
+        cost = self.learned.cost_per_item if self.cost is None else self.cost()  # (cost_now)
         if cost <= 0:
             return 1
         bs = int(_TARGET_BATCH_S / cost)
-        largest = max(self.bytes_per_item, self.learned.out_bytes_per_item)
+        a, b = self.bytes_per_item, self.learned.out_bytes_per_item
+        largest = a if a > b else b
         if largest > 0:
-            bs = min(bs, int(_MAX_BATCH_BYTES / largest))
-        return max(1, min(bs, self.max_batch))
+            by_bytes = int(_MAX_BATCH_BYTES / largest)
+            if by_bytes < bs:
+                bs = by_bytes
+        if bs > self.max_batch:
+            bs = self.max_batch
+        return bs if bs > 1 else 1
 
     def window_now(self) -> int:
         """Items allowed in flight: ``window``; with the runner's default window, only as

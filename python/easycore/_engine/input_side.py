@@ -7,7 +7,8 @@ measured cost; packing, pickling and sending them through the transport, never b
 What the receiving side uses, its whole interface:
 
 * to run the input: :meth:`InputSide.start_reader` (with ``reader.read_runs``, the input
-  thread's body), :meth:`~InputSide.send_available` (under ``send_lock``),
+  thread's body), :meth:`~InputSide.send_available` (under ``send_lock``) or
+  :meth:`~InputSide.send_ready` (it takes the lock if anything may be ready),
   :meth:`~InputSide.reads_direct` and :meth:`~InputSide.read_and_send` (it reads the input
   itself), :meth:`~InputSide.send_direct` (the pool's caller read them, or other threads
   queue ready work), :meth:`~InputSide.receiver_sleeps` and
@@ -195,8 +196,10 @@ class InputSide:
         self.receiver_waiting = True
         if self.adaptive and not self.want_direct:
             self.note_starved()
-        need = self.producer_idle()
-        self.attention.set(need)
+        # (producer_idle inline, and the flag set only if it changes: once per round trip)
+        need = self.stats.batches - self.results_in < self.n
+        if need or self.attention:
+            self.attention.set(need)
         if need:
             self.cut_bulk()  # a run being extended ends after its item
         if (
@@ -213,7 +216,8 @@ class InputSide:
     def receiver_woke(self) -> None:
         """The receiving thread no longer sleeps."""
         self.receiver_waiting = False
-        self.attention.set(self.abort)
+        if self.abort or self.attention:
+            self.attention.set(self.abort)
 
     def result_received(self, seq: int, n_results: int) -> int:
         """A result message of batch ``seq`` came with ``n_results`` results: returns the
@@ -388,7 +392,8 @@ class InputSide:
                     self.attention.set(self.producer_idle() or self.abort)
                 return
         self.receiver_waiting = False
-        self.attention.set(self.abort)
+        if self.abort or self.attention:
+            self.attention.set(self.abort)
         self.workers.wake(self.call)
 
     def producer_idle(self) -> bool:
@@ -495,6 +500,15 @@ class InputSide:
         if count != len(items):
             self.packed_counts[seq] = count  # its results are fewer than its input items
         return seq, count, parts
+
+    def send_ready(self) -> None:
+        """Takes ``send_lock`` and sends what is ready, if anything may be (the receiving
+        loop, at each turn: most turns of a request/response loop find nothing)."""
+        if self.pending is None and not self.urgent and self.seq_data is None:
+            if len(self.buf) <= self.buf_off:
+                return
+        with self.send_lock:
+            self.send_available()
 
     def send_available(self) -> bool:
         """Sends what is ready, never blocking (call under ``send_lock``); whether it sent."""

@@ -226,7 +226,7 @@ def producer_main(
                 break
             except Interrupted:
                 continue
-            msg_type, call = wire.unpack_kind(kind)
+            msg_type, call = kind & 0xFF, kind >> 8  # wire.unpack_kind, inline: per message
             if msg_type == wire.STOP:
                 break
             if msg_type != wire.WORK:
@@ -239,7 +239,8 @@ def producer_main(
                     _send(out_q, codec, seq, wire.pack_kind(wire.ERROR, call), out, alive)
                     continue
                 try:
-                    sent = _put(out_q, seq, wire.pack_kind(wire.RESULT, call), out, alive)
+                    kind = (call & 0xFFFFFF) << 8 | wire.RESULT  # wire.pack_kind, inline
+                    sent = _put(out_q, seq, kind, out, alive)
                 except (SharedMemoryError, OSError) as e:
                     # /dev/shm full or mmap refused: tell the caller how much was asked and
                     # what is free (the queue's message says it) instead of dying.

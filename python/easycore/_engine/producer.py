@@ -412,7 +412,7 @@ class ProducerCore:
                     for item in items:
                         append(work(device, cfg, item))
             took = perf() - start
-            self.item_s = took / max(1, len(items))
+            self.item_s = took / len(items) if items else took
             if not each and took > floor and items:
                 slow.note(took, first, items[0], len(items))
         except Interrupted:

@@ -74,11 +74,6 @@ class WaitInterrupted(KeyboardInterrupt):
     call goes on (its receiving loop takes it up) unless the caller ends it."""
 
 
-def _ema(prev: float, x: float, weight: float = 0.3) -> float:
-    """Running average of a figure the runner learns across calls (0: none learned yet)."""
-    return x if prev <= 0 else (1.0 - weight) * prev + weight * x
-
-
 class Call:
     """The state of one call: receiving, ordering, accounting, clean-up; its input side in
     :attr:`input`."""
@@ -249,8 +244,7 @@ class Call:
         inp = self.input
         next_health = time.monotonic() + TICK
         while True:
-            with inp.send_lock:
-                inp.send_available()
+            inp.send_ready()
             if inp.send_error is not None:
                 raise inp.send_error
             if inp.input_error is not None:
@@ -376,8 +370,8 @@ class Call:
                 merge_slow(stats, wi, slow)
             del parts
             count = inp.result_received(seq, len(results))
-            per = nb / max(1, count)
-            prev = learned.out_bytes_per_item  # (_ema, inline: once per result message)
+            per = nb / count if count > 1 else nb
+            prev = learned.out_bytes_per_item  # a running average (0: none learned yet)
             learned.out_bytes_per_item = per if prev <= 0 else 0.7 * prev + 0.3 * per
             self._learn(wi, busy, wait, count)
             done[wi] = done.get(wi, 0) + count
@@ -393,17 +387,21 @@ class Call:
         return self.workers.stall_error(self.devices, self.call, self.timeout or 0.0, in_flight)
 
     def _learn(self, wi: int, busy: float, wait: float, count: int) -> None:
-        prev = self.busy_seen.get(wi)
-        self.busy_seen[wi] = busy
-        prev_wait = self.wait_seen.get(wi, wait)
-        self.wait_seen[wi] = wait
+        # Once per result message: each step inline (a request/response loop pays it at
+        # every round trip).
+        busy_seen, wait_seen = self.busy_seen, self.wait_seen
+        prev = busy_seen.get(wi)
+        busy_seen[wi] = busy
+        prev_wait = wait_seen.get(wi, wait)
+        wait_seen[wi] = wait
         if prev is None:
             return  # the first report of a producer only sets its baseline
         if busy < prev:  # a new producer in that place (retire.py): its figures start at 0
             prev = prev_wait = 0.0
         delta = busy - prev
-        self.stats.producer_busy_s[wi] += delta
-        self.stats.producer_wait_s[wi] += wait - prev_wait
+        stats = self.stats
+        stats.producer_busy_s[wi] += delta
+        stats.producer_wait_s[wi] += wait - prev_wait
         sizing = self.input.sizing
         if sizing.cost is not None:
             return  # batches are sized by the call's own figure (the pool's), not learned
@@ -411,9 +409,13 @@ class Call:
         # A batch's cost includes a fixed part (unpickling, bookkeeping: microseconds) that a
         # batch of few items charges to each item. Weighted by its share of a full batch, the
         # lone item each call starts with no longer shrinks the next batches tenfold.
-        share = min(1.0, count / sizing.batch_size())
-        per = max(delta / max(1, count), 1e-9)  # never 0, which means "not known"
-        learned.cost_per_item = _ema(learned.cost_per_item, per, 0.3 * share)
+        full = sizing.batch_size()
+        weight = 0.3 if count >= full else 0.3 * count / full
+        per = delta / count if count > 1 else delta
+        if per < 1e-9:
+            per = 1e-9  # never 0, which means "not known"
+        old = learned.cost_per_item
+        learned.cost_per_item = per if old <= 0 else old + weight * (per - old)
 
     def delivered_chunk(self, count: int) -> None:
         """``count`` input items were handed out."""
