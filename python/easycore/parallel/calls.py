@@ -183,6 +183,9 @@ def result_chunks(
 def _consumed(job: _Job, n: int) -> bool:
     """Under ``job.cv``: ``n`` more results of ``job`` were handed to its caller. Whether
     that gave the job room to read ahead again (the feed may be waiting for it)."""
+    if job.direct:  # the caller reads the input itself: the feed reads none of it
+        job.consumed += n
+        return False
     full = not job.has_room()
     job.consumed += n
     return full and job.has_room()
@@ -201,7 +204,8 @@ def _read_and_send(job: _Job, scheduler: Scheduler) -> list[Any] | None:
     try:
         scheduler.send_direct((job.jid, index, job.fn_wire(), [x], job.mode), job)
     finally:
-        scheduler.sent_direct(job)  # if the round trip did not say so as it sent the item
+        if job.caller_reads:  # the round trip did not say so as it sent the item
+            scheduler.sent_direct(job)
     own, job.own = job.own, None
     return own
 

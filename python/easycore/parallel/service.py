@@ -410,11 +410,14 @@ class StreamService(CallerTurns):
     def _learn_cost(self, seconds: float, count: int) -> None:
         """``count`` map results came, which took the workers ``seconds``: the cost per item
         and the room of each job (by bytes per result) follow."""
-        cost = max(seconds / count, 1e-9) if count else 0.0  # never 0 for a known cost
-        if cost:
-            prev = self.item_cost
-            self.item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
-            self._bound_room(count)
+        if not count:
+            return
+        cost = seconds / count
+        if cost < 1e-9:
+            cost = 1e-9  # never 0 for a known cost
+        prev = self.item_cost
+        self.item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
+        self._bound_room(count)
 
     def _cost_per_value(self) -> float:
         """Worker seconds per input value, learned from the chunks done (0: not known yet);
@@ -444,9 +447,10 @@ class StreamService(CallerTurns):
         if call is None:
             return
         self._n_results += n_results
-        per = call.stats.bytes_out / max(1, self._n_results)
+        per = call.stats.bytes_out / (self._n_results or 1)
         self._room_due -= 1
-        if self._room_due > 0 and 8 * abs(per - self._room_per) <= per:
+        off = 8 * (per - self._room_per)
+        if self._room_due > 0 and -per <= off <= per:
             # Within an eighth of the size the room was last set for: set again only now
             # and then (the output pool may have grown), not at every message.
             return
