@@ -23,6 +23,7 @@ from easycore.errors import (
     RunnerBusyError,
     RunnerClosedError,
     RunnerTimeoutError,
+    SerializationError,
     SharedMemoryError,
     StartMethodError,
     WorkerDiedError,
@@ -255,6 +256,17 @@ def test_read_ahead_false_reads_in_the_receiving_thread(runner_cls):
         with pytest.raises(ValueError, match="input broke"):
             list(r.imap(bad(), read_ahead=False))
         assert r(iter(range(100)), read_ahead=False) == list(range(100))
+
+
+def test_an_unpicklable_item_read_in_the_receiving_thread():
+    """The receiving thread pickles the item it read itself: the call fails as one that
+    read ahead does, naming the culprit, and the runner stays usable."""
+    with rd.Collect(devices=1, start_method="fork") as r:
+        with pytest.raises(SerializationError, match="function"):
+            r(iter([1, lambda: 0, 3]), read_ahead=False)
+        with pytest.raises(SerializationError, match="function"):
+            list(r.imap(iter([1, 2, lambda: 0]), read_ahead=False))
+        assert r(iter([7, 8]), read_ahead=False) == [7, 8]
 
 
 # ----- 4. producers die with their caller -----
