@@ -105,6 +105,26 @@ def test_small_arrays_stay_private_and_large_ones_are_leased():
         leases.set_target(None)
 
 
+def test_the_first_large_array_makes_the_pools_segments_at_once():
+    """A producer's first array of a size larger than any before makes the segments the pool
+    has room for (three per producer and two the consumer holds), not one a call as results
+    in flight first need them (each made in a later call cut its speed by half)."""
+    q = Queue(capacity_bytes=1 << 20, pool_bytes=64 << 20)
+    leases.set_target(q, producers=2)
+    try:
+        a = shm.empty(1 << 20, dtype=np.uint8)
+        assert shm.is_shared(a)
+        made = q.pool_bytes()[0]
+        assert made >= (3 * 2 + 2) << 20
+        b = shm.empty(1 << 20, dtype=np.uint8)  # the same size again: nothing more is made
+        assert shm.is_shared(b)
+        assert q.pool_bytes()[0] == made
+        del a, b
+        q.audit()
+    finally:
+        leases.set_target(None)
+
+
 def _slot_files(q: Queue) -> list[str]:
     return [n for n in os.listdir(SHM) if n.startswith(q.name.lstrip("/") + ".")]
 
@@ -125,10 +145,13 @@ def test_a_dead_producer_frees_its_leases():
     _, status = os.waitpid(pid, 0)
     assert os.WIFSIGNALED(status)
     assert q.pool_bytes()[0] >= 5 << 20, "the child's leases should exist before repair"
-    assert len(_slot_files(q)) == 2
+    # The two it held, and the free ones it made with its first array (see leases.lease).
+    files = _slot_files(q)
+    assert len(files) >= 2
     assert q.recover() >= 2
-    assert q.pool_bytes()[0] == 0
-    assert _slot_files(q) == []
+    left = _slot_files(q)
+    assert len(left) == len(files) - 2  # the two it held are gone; the free ones stay
+    assert q.pool_bytes()[0] == len(left) * (3 << 20)
     q.audit()
     # The queue goes on: a lease and a round trip work.
     leases.set_target(q)
@@ -181,7 +204,7 @@ def test_a_torch_tensor_from_shm_is_the_readers_memory():
 
 def test_the_pool_grows_to_hold_the_largest_results():
     # queue_scale=0.25: a 16 MiB output pool, which holds one 12 MiB segment; leasing one
-    # grows it to hold 2 * producers + 2 of them (a quarter of /dev/shm's free space at most).
+    # grows it to hold 3 * producers + 2 of them (a quarter of /dev/shm's free space at most).
     with sd.ShmLarge(devices=1, queue_scale=0.25, start_method="fork") as r:
         out = r(range(6))
     assert sorted(o[0] for o in out) == list(range(6))

@@ -12,8 +12,6 @@ from easycore._engine.host import Learned, StreamSettings
 
 _TARGET_BATCH_S = 0.004  # producer work per message the batching aims at
 _MAX_BATCH_BYTES = 1 << 20  # do not grow batches of large items past this
-_CACHED_INFLIGHT_BYTES = 48 << 20  # large items in flight: about this many bytes (see window_now)
-_CACHED_MIN_PER_PRODUCER = 8  # ... but at least this many items per producer
 
 
 class Sizing:
@@ -85,7 +83,7 @@ class Sizing:
         # per producer): the segments they travel in are then written and read while still
         # cached. With the whole budget in flight, 1 MiB results took 191 MiB of segments
         # in turn and came 1.5x slower (2-core VM, 32 MiB L3).
-        cached = max(int(_CACHED_INFLIGHT_BYTES / largest), _CACHED_MIN_PER_PRODUCER * self.n)
+        cached = leases.results_ahead(largest, self.n)
         # And no more than the output pool has segments for: a result that finds the pool
         # full is built in private memory and copied (see leases.results_in_flight).
         pooled = leases.results_in_flight(self.out_q, int(largest), self.n) or window

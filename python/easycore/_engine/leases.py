@@ -26,6 +26,10 @@ _target: Queue | None = None
 # Pooled segments of the largest size asked for that the target's pool should have room for
 # (set with the target: a few per producer).
 _depth = 0
+_producers = 1  # the processes that share the target (set with it)
+# The largest array this process leased from the target so far: a larger one makes its
+# share of the pool's segments at once (see _make_share).
+_largest = 0
 # (the array handed out, its lease), weakly: an array dropped unsent frees its lease.
 _live: list[tuple[weakref.ref[Any], weakref.ref[ShmLease]]] = []
 # The caller's engine calls after_send from its sending thread while the caller allocates.
@@ -43,11 +47,14 @@ os.register_at_fork(after_in_child=_after_fork_in_child)
 
 def set_target(q: Queue | None, producers: int = 1) -> None:
     """The queue whose pool the allocators lease from in this process (None: none), shared
-    by ``producers`` processes: its pool grows to hold ``2 * producers + 2`` of the largest
-    arrays asked for (see :func:`make_room`)."""
-    global _target, _depth
+    by ``producers`` processes: its pool grows to hold as many of the largest arrays asked
+    for as a stream keeps in flight and its consumer holds (see :func:`make_room`), and
+    this process makes its share of them with the first such array (see :func:`lease`)."""
+    global _target, _depth, _producers, _largest
     _target = q
-    _depth = 2 * max(1, producers) + 2
+    _producers = max(1, producers)
+    _depth = AHEAD_PER_PRODUCER * _producers + _HELD_AFTER_DELIVERY
+    _largest = 0
     _live.clear()
 
 
@@ -56,6 +63,17 @@ POOL_SLOTS = 64
 # Results a consumer may still hold after their delivery (the one ``consumer_work`` has, the
 # last one a loop variable keeps): their segments are not back in the pool yet.
 _HELD_AFTER_DELIVERY = 2
+# Large results a stream keeps in flight: about a cache's worth of bytes (the segments are
+# then written and read while still cached; see ``Sizing.window_now``), and at least this
+# many per producer (one it builds, two waiting to be received).
+CACHED_AHEAD_BYTES = 48 << 20
+AHEAD_PER_PRODUCER = 3
+
+
+def results_ahead(nbytes: float, producers: int) -> int:
+    """How many results of ``nbytes`` a stream keeps in flight for their size (before the
+    bounds of its window, its bytes and its output pool)."""
+    return max(int(CACHED_AHEAD_BYTES / nbytes), AHEAD_PER_PRODUCER * producers)
 
 
 def slot_bytes(nbytes: int) -> int:
@@ -124,9 +142,30 @@ def lease(nbytes: int, runner: Any = None) -> ShmLease | None:
         return None
     try:
         make_room(q, nbytes, depth)
+        if runner is None and nbytes > _largest:
+            _make_share(q, nbytes)
         return q.lease(nbytes, timeout=1.0)
     except Exception:  # noqa: BLE001 - any failure: the caller uses private memory
         return None
+
+
+def _make_share(q: Queue, nbytes: int) -> None:
+    """The first array of ``nbytes`` this producer leases, larger than any before: it makes
+    the ``_depth`` segments the pool has room for at once, with the other producers (each
+    holds what it leased, free segments or new ones, until the pool holds that many bytes,
+    then gives them back unused: each stays in the pool, made). Made one at a time as a
+    stream first needs them, each new segment (about 10 ms for 16 MiB: its pages are
+    allocated, zeroed and mapped) would fall in whichever later call first has more results
+    in flight and held than before, and cut that call's speed by half or more."""
+    global _largest
+    _largest = nbytes
+    want = _depth * nbytes  # each segment holds at least nbytes
+    made: list[ShmLease] = []
+    while len(made) < _depth and q.pool_bytes()[0] < want:
+        held = q.lease(nbytes, timeout=1.0)
+        if held is None:
+            break  # no room: the rest are made as they are needed
+        made.append(held)
 
 
 def track(obj: Any, held: ShmLease) -> None:
