@@ -285,14 +285,14 @@ class InputSide:
             self.stats.input_wait_s += time.perf_counter() - t
         self.direct_total += 1
         with self.send_lock:
-            if self.pending is None and not self.urgent:
+            if self.pending is None and not self.urgent and not self.abort:
                 # The buffer is all sent (see reads_direct): the item's batch is the next.
                 pack = self.pack
                 self.pending = self.encode(
                     [item] if pack is None else pack([item]), 1, pack is not None
                 )
                 sent = self.pending is not None and self.send_pending(self.workers.send)
-            else:  # another thread queued work meanwhile: the item goes behind it
+            else:  # queued work goes first (or the call stops: nothing is sent)
                 self.buf.append(item)
                 sent = self.send_available()
         if self.direct:
