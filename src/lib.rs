@@ -17,6 +17,7 @@
 pub mod error;
 pub mod filelock;
 pub mod forkviews;
+pub mod heap;
 pub mod liveness;
 pub mod queue;
 pub mod reorder;

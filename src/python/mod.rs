@@ -92,6 +92,13 @@ fn shm_space() -> Option<(u64, u64)> {
     crate::shm::shm_space()
 }
 
+/// Sets glibc's mmap and trim thresholds of this process (`heap.rs`); false where the C
+/// library is not glibc or refused a value.
+#[pyfunction]
+fn set_malloc_thresholds(mmap: u32, trim: u32) -> bool {
+    crate::heap::set_malloc_thresholds(mmap, trim)
+}
+
 /// Whether the process with this identity tag (`<pid>-<nonce>`, as `Queue.owner`) is alive,
 /// judged by its liveness token (zombies are dead, stopped processes alive).
 #[pyfunction]
@@ -164,6 +171,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(sweep_stale_segments, m)?)?;
     m.add_function(wrap_pyfunction!(sweep_dead_pids, m)?)?;
     m.add_function(wrap_pyfunction!(shm_space, m)?)?;
+    m.add_function(wrap_pyfunction!(set_malloc_thresholds, m)?)?;
     m.add_function(wrap_pyfunction!(drop_inherited_holds, m)?)?;
     m.add_function(wrap_pyfunction!(leave_queues, m)?)?;
     m.add_function(wrap_pyfunction!(owner_alive, m)?)?;

@@ -34,7 +34,7 @@ from easycore._core import (
     retire_identity,
     sweep_dead_pids,
 )
-from easycore._engine import leases, wire
+from easycore._engine import heap, leases, wire
 from easycore._engine.producer import (
     Interrupted,
     ProducerCore,
@@ -164,6 +164,7 @@ def producer_main(
         ignore_signal(INTERRUPT_SIGNAL)
         if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the caller's handler came with fork
+        heap.settle()  # arrays made per item are reused from the heap (heap.py)
         if opts.get("start_method") == "fork":
             # A fork holds every queue the caller held: let go of all but this producer's own,
             # or a queue the caller drops while this producer runs keeps its names after it.
