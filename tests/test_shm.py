@@ -109,7 +109,7 @@ def test_the_first_large_array_makes_the_pools_segments_at_once():
     """A producer's first array of a size larger than any before makes the segments the pool
     has room for (three per producer and two the consumer holds), not one a call as results
     in flight first need them (each made in a later call cut its speed by half)."""
-    q = Queue(capacity_bytes=1 << 20, pool_bytes=64 << 20)
+    q = Queue(capacity_bytes=1 << 20, side_budget=32 << 20)  # a pool of 64 MiB
     leases.set_target(q, producers=2)
     try:
         a = shm.empty(1 << 20, dtype=np.uint8)
@@ -120,6 +120,22 @@ def test_the_first_large_array_makes_the_pools_segments_at_once():
         assert shm.is_shared(b)
         assert q.pool_bytes()[0] == made
         del a, b
+        q.audit()
+    finally:
+        leases.set_target(None)
+
+
+def test_no_more_segments_are_made_than_results_can_be_in_flight():
+    """A side budget of 4 MiB (a stream keeps at most twice that of results in flight): for
+    2 MiB arrays the producers make four in flight and the two a consumer holds, not the
+    eight their room (3 * producers + 2) would allow."""
+    q = Queue(capacity_bytes=1 << 20, side_budget=4 << 20)
+    leases.set_target(q, producers=2)
+    try:
+        a = shm.empty(2 << 20, dtype=np.uint8)
+        assert shm.is_shared(a)
+        assert (2 << 20) <= q.pool_bytes()[0] <= (4 + 2) * (2 << 20)
+        del a
         q.audit()
     finally:
         leases.set_target(None)

@@ -709,6 +709,12 @@ impl PyQueue {
         self.q.pool_min()
     }
 
+    /// Bytes of large messages (outside the ring) the queue holds at once.
+    #[getter]
+    fn side_budget(&self) -> u64 {
+        self.q.side_budget()
+    }
+
     /// Puts `(seq, kind, parts)` messages in order; returns how many (all, or raises
     /// QueueFull naming how many were put before the timeout).
     #[pyo3(signature = (messages, block = true, timeout = None))]

@@ -520,6 +520,11 @@ impl Queue {
         self.hdr().pool_min.load(Ordering::Relaxed)
     }
 
+    /// Bytes of large messages (outside the ring) the queue holds at once: set at creation.
+    pub fn side_budget(&self) -> u64 {
+        self.hdr().side_budget.load(Ordering::Relaxed)
+    }
+
     /// Bytes of pooled side segments that exist now, and the most the pool may keep.
     pub fn pool_bytes(&self) -> (u64, u64) {
         self.hdr().slots.bytes()

@@ -143,23 +143,27 @@ def lease(nbytes: int, runner: Any = None) -> ShmLease | None:
     try:
         make_room(q, nbytes, depth)
         if runner is None and nbytes > _largest:
-            _make_share(q, nbytes)
+            # A stream keeps no more bytes of results in flight than twice its output
+            # queue's side budget (see Sizing.window_now).
+            _make_share(q, nbytes, 2 * q.side_budget)
         return q.lease(nbytes, timeout=1.0)
     except Exception:  # noqa: BLE001 - any failure: the caller uses private memory
         return None
 
 
-def _make_share(q: Queue, nbytes: int) -> None:
+def _make_share(q: Queue, nbytes: int, base: int) -> None:
     """The first array of ``nbytes`` this producer leases, larger than any before: it makes
-    the ``_depth`` segments the pool has room for at once, with the other producers (each
-    holds what it leased, free segments or new ones, until the pool holds that many bytes,
-    then gives them back unused: each stays in the pool, made). Made one at a time as a
-    stream first needs them, each new segment (about 10 ms for 16 MiB: its pages are
-    allocated, zeroed and mapped) would fall in whichever later call first has more results
-    in flight and held than before, and cut that call's speed by half or more."""
+    the ``_depth`` segments the pool has room for at once, with the other producers, but no
+    more than fit ``base`` bytes (no more bytes of results are ever in flight) and the two
+    a consumer holds. Each producer holds what it
+    leased, free segments or new ones, until the pool holds that many bytes, then gives them
+    back unused: each stays in the pool, made. Made one at a time as a stream first needs
+    them, each new segment (about 10 ms for 16 MiB: its pages are allocated, zeroed and
+    mapped) would fall in whichever later call first has more results in flight and held
+    than before, and cut that call's speed by half or more."""
     global _largest
     _largest = nbytes
-    want = _depth * nbytes  # each segment holds at least nbytes
+    want = min(_depth, base // nbytes + _HELD_AFTER_DELIVERY) * nbytes  # each holds >= nbytes
     made: list[ShmLease] = []
     while len(made) < _depth and q.pool_bytes()[0] < want:
         held = q.lease(nbytes, timeout=1.0)
