@@ -315,9 +315,7 @@ class Call:
         inp = self.input
         if self.reorder is not None or inp.abort:
             return None
-        if inp.pending is not None or inp.urgent or inp.unsent() > 0:
-            with inp.send_lock:
-                inp.send_available()
+        inp.send_ready()
         if inp.send_error is not None or inp.input_error is not None:
             return None
         if not inp.receiver_sleeps():
