@@ -4,7 +4,9 @@ runner, pool exhaustion, dead holders, no /dev/shm leak (the autouse fixture che
 from __future__ import annotations
 
 import os
+import random
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -179,6 +181,48 @@ def test_a_dead_producer_frees_its_leases():
         assert (np.frombuffer(parts[1], np.uint8) == 3).all()
     finally:
         leases.set_target(None)
+
+
+@pytest.mark.timeout(300)
+def test_a_producer_killed_at_any_instant_while_making_the_pools_segments():
+    """SIGKILL at random instants while a producer makes its share of a fresh pool's segments
+    (inside a lease, between a slot taken and its segment made, between two leases): the
+    queue's repair takes back all that the dead one held, the pool's bytes are its segments'
+    and nothing else, and the pool serves the next producer. Whatever the instant."""
+    rng = random.Random(20261126)
+    seg = 4 << 20  # the pool's segments for 4 MiB arrays are 4 MiB each
+    for _ in range(16):
+        q = Queue(capacity_bytes=1 << 20, side_budget=32 << 20)
+        try:
+            pid = os.fork()
+            if pid == 0:  # a producer: its first 4 MiB array makes the pool's segments
+                try:
+                    leases.set_target(q, producers=2)
+                    a = shm.empty(seg, dtype=np.uint8)
+                    a[:] = 1
+                    os.kill(os.getpid(), signal.SIGKILL)
+                finally:
+                    os._exit(1)
+            time.sleep(rng.uniform(0.0, 0.03))
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+            assert os.WIFSIGNALED(status)
+            q.recover()
+            q.audit()
+            assert q.pool_bytes()[0] == len(_slot_files(q)) * seg
+            leases.set_target(q, producers=2)
+            a = shm.empty(seg, dtype=np.uint8)
+            assert shm.is_shared(a)
+            a[:] = 3
+            q.put(1, 0, [b"h", a])
+            _, _, parts = q.get()
+            assert (np.frombuffer(parts[1], np.uint8) == 3).all()
+            del a, parts
+            q.audit()
+        finally:
+            leases.set_target(None)
+            q.close()
+            q.unlink()
 
 
 def test_torch_tensors_from_shm_arrive_whole(start_method):
