@@ -6,8 +6,8 @@ Run::
     .venv/bin/python benches/round_trip_cpu.py                  # 30,000 round trips each
     taskset -c 1 .venv/bin/python benches/round_trip_cpu.py     # every process on one core
 
-Each system runs the bench's ``latency`` workload with the bench's own pieces (its hooks,
-its feedback input, its Pipe worker): item ``i + 1`` of the input exists only once result
+Each system runs the bench's ``latency`` workload through the bench's own systems (its
+runner, pool and Pipe sessions): item ``i + 1`` of the input exists only once result
 ``i`` reached ``consumer_work``, one worker, ``x * x`` per item. After a warm-up call it
 times one call of ``--items`` round trips and reads the CPU time of the caller (all its
 threads) and of its children (``/proc/<pid>/stat``) around it. On a machine where the
@@ -18,20 +18,19 @@ sum of both sides' CPU; on an idle machine the wake-ups across cores dominate.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from easycore.bench import systems as S  # noqa: N812
 from easycore.bench import workloads as W  # noqa: N812
-from easycore.bench.systems_easycore import _ec_pool_init, _ec_pool_work
-from easycore.bench.systems_peers import _pipe_worker
-from easycore.common.parallel import UnorderedRunner
-from easycore.parallel import Pool
 
-_HOOKS: Any = W.WORKLOADS["latency"].hooks
+_SYSTEMS = {
+    "easycore": "runner (hooks)",
+    "easycore_pool": "Pool.imap_unordered",
+    "pipe": "multiprocessing.Pipe",
+}
 
 
 def _children_cpu() -> float:
@@ -76,28 +75,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--items", type=int, default=30_000, help="round trips per system")
     n = ap.parse_args().items
-    with S.rebase(_HOOKS, UnorderedRunner)(devices=["cpu"]) as runner:
-        _measure("runner (hooks)", runner, n)
-    with Pool(["cpu"], initializer=_ec_pool_init, initargs=(_HOOKS,)) as pool:
-        _measure(
-            "Pool.imap_unordered",
-            lambda data: S.run_consumer(_HOOKS, pool.imap_unordered(_ec_pool_work, data)),
-            n,
-        )
-    here, there = mp.Pipe()
-    proc = mp.Process(target=_pipe_worker, args=(there, _HOOKS, "cpu"))
-    proc.start()
-
-    def pipe(data: Iterable[int]) -> Iterator[Any]:
-        for x in data:
-            here.send((x,))
-            yield here.recv()
-
-    try:
-        _measure("multiprocessing.Pipe", lambda data: S.run_consumer(_HOOKS, pipe(data)), n)
-    finally:
-        here.send(None)
-        proc.join(10)
+    w = W.WORKLOADS["latency"]
+    job = S.Job(hooks=w.hooks, ordered=False, devices=["cpu"], make_data=w.make_data)
+    for key, name in _SYSTEMS.items():
+        with S.SYSTEMS[key].session(job) as call:
+            _measure(name, call, n)
 
 
 if __name__ == "__main__":
