@@ -18,7 +18,12 @@ from concurrent.futures.process import BrokenProcessPool
 
 import pool_defs as pd
 import pytest
-from easycore.errors import BrokenInitializer, SerializationError, WorkerDiedError
+from easycore.errors import (
+    BrokenInitializer,
+    PoolClosedError,
+    SerializationError,
+    WorkerDiedError,
+)
 from easycore.parallel import Pool, PoolExecutor
 
 pytestmark = pytest.mark.timeout(120)
@@ -184,6 +189,38 @@ def test_a_dropped_executor_does_not_warn() -> None:
     for p in procs:  # its workers are stopped all the same
         p.join(60)
         assert not p.is_alive()
+
+
+def test_work_queued_on_a_dropped_pool_fails_instead_of_waiting_forever() -> None:
+    # Collected while its service thread held it weakly, the pool stopped its workers and
+    # left the queued task's result waiting for ever (as the stdlib's does). If the service
+    # thread takes the work before the pool is collected, the work holds the pool and is
+    # done: either way the result comes.
+    pool = Pool(2, start_method="fork")
+    assert pool.map(pd.square, range(4)) == [0, 1, 4, 9]
+    time.sleep(1.5)  # idle: its stream ends, the service thread holds it weakly
+    res = pool.apply_async(pd.square, (3,))
+    fut = pool.submit(pd.square, 4)
+    with pytest.warns(ResourceWarning, match="unclosed running multiprocessing pool"):
+        del pool
+        gc.collect()
+    for get in (res.get, fut.result):
+        try:
+            assert get(timeout=60) in (9, 16)
+        except PoolClosedError as e:
+            assert "garbage-collected while work was pending" in str(e)
+
+
+def test_a_dropped_executor_finishes_its_pending_futures() -> None:
+    # As ProcessPoolExecutor: dropped without shutdown() is shutdown(wait=False). Before,
+    # a pool collected with work queued stopped its workers and the futures never finished.
+    ex = PoolExecutor(2, start_method="fork")
+    assert ex.submit(pd.square, 3).result(timeout=60) == 9
+    time.sleep(1.5)  # idle: its stream ends, the service thread holds it weakly
+    futs = [ex.submit(_slow_square, i) for i in range(6)]
+    del ex
+    gc.collect()
+    assert [f.result(timeout=60) for f in futs] == [i * i for i in range(6)]
 
 
 def _failing_input(n: int, bad: int):  # type: ignore[no-untyped-def]

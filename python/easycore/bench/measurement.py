@@ -222,6 +222,7 @@ def run_cell(
                     # workers the system left running in the group are stopped too
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.killpg(cast(int, proc.pid), signal.SIGKILL)  # started: has a pid
+                    _sweep_segments()  # what such a worker left
                 return out
             if time.monotonic() - t0 >= timeout:
                 kill_group(proc)

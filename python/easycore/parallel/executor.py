@@ -13,6 +13,7 @@ from concurrent.futures import Executor, Future
 from concurrent.futures.process import _RemoteTraceback
 from typing import Any, ParamSpec, TypeVar
 
+from easycore._engine import lifecycle
 from easycore.errors import BrokenInitializer, RunnerClosedError, WorkerError
 from easycore.parallel.pool import Pool
 
@@ -34,6 +35,28 @@ def _finish_at_exit() -> None:
             pass
 
 
+_DRAINING: set[Pool] = set()
+
+
+def _drain_dropped(pool: Pool) -> None:
+    """An executor was dropped without ``shutdown()``: its pool takes no new work, and is
+    held, by a thread that waits for its pending work and its workers, until both are done
+    (collected at once, the pool would stop its workers and fail that work)."""
+    pool.close()
+    _DRAINING.add(pool)
+
+    def drain() -> None:
+        try:
+            pool.join()
+        finally:
+            _DRAINING.discard(pool)
+
+    try:
+        threading.Thread(target=drain, name="easycore-executor-drain", daemon=True).start()
+    except RuntimeError:  # no new threads at exit: _finish_at_exit joins it
+        pass
+
+
 # concurrent.futures finishes its pending work from threading's exit hooks, which run before
 # the interpreter joins its threads and, from Python 3.12 on, stop new threads from starting
 # (finishing a pool's work may need one). Where that hook is missing, an atexit hook
@@ -43,6 +66,9 @@ if _register is not None:
     _register(_finish_at_exit)
 else:  # pragma: no cover - CPython has had it since 3.9
     atexit.register(_finish_at_exit)
+# A multiprocessing child runs threading's exit hooks only after its exit finalizers: there
+# the engine's child exit finishes the pending work first.
+lifecycle.before_stop(_finish_at_exit)
 
 
 def _count(max_workers: Any, kwargs: dict[str, Any]) -> int | None:
@@ -129,6 +155,9 @@ class PoolExecutor(Executor):
         # What ProcessPoolExecutor calls its start method (code written for it reads it).
         self._mp_context = multiprocessing.get_context(self.pool.start_method)
         _LIVE.add(self.pool)
+        # Dropped without shutdown(): as ProcessPoolExecutor, shutdown(wait=False), the
+        # pending futures still finish (at exit, _finish_at_exit waits for them).
+        weakref.finalize(self, _drain_dropped, self.pool).atexit = False
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         """Schedules ``fn(*args, **kwargs)`` (see :meth:`Pool.submit`).

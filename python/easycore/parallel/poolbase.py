@@ -84,14 +84,23 @@ def _grace(value: Any) -> float:
 def _finalize_pool(
     service: StreamService, scheduler: Scheduler, open_flag: list[bool], text: str
 ) -> None:
-    """A pool was collected: warns if it was left open, and stops its workers."""
+    """A pool was collected: warns if it was left open, stops its workers, and fails the
+    work still pending (a result or future kept without its pool would otherwise wait
+    forever: the stdlib's pool leaves it so)."""
     if open_flag[0]:
         open_flag[0] = False
         if len(open_flag) == 1:  # not an executor's pool (they do not warn, as the stdlib)
             warnings.warn(
                 f"unclosed running multiprocessing pool {text}", ResourceWarning, stacklevel=2
             )
-    scheduler.notify()  # the service thread finds its pool gone and ends
+    service.fail_pending(
+        PoolClosedError(
+            f"{text} was garbage-collected while work was pending, without close() or "
+            "terminate(): its workers were stopped. Keep a reference to the pool (or use it "
+            "in a with block) until its results are taken"
+        )
+    )
+    scheduler.terminate()  # no new work; the service thread finds its pool gone and ends
     try:
         service.stop_workers(interrupt=True, for_good=True)
     except BaseException:  # noqa: BLE001, S110 - nothing to report to: the pool is gone

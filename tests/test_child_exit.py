@@ -1,0 +1,45 @@
+"""A multiprocessing child that used easycore leaves nothing in /dev/shm when it ends.
+
+multiprocessing ends its children with os._exit, which skips the exit hooks: before, such a
+child left its liveness token (`ec.<pid>-<nonce>.live`) and the tokens of the queues it made
+(`ec.q<tag>.live`) behind until the next sweep, whatever it closed. Each scenario runs in its
+own interpreter (tests/child_exit_defs.py), under a hard time limit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+DEFS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_exit_defs.py")
+
+
+def run_child(kind: str, start_method: str, child_method: str, tmp_path) -> None:
+    p = subprocess.run(
+        [sys.executable, DEFS, kind, start_method, child_method, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip() == "clean", (p.stdout, p.stderr[-2000:])
+
+
+@pytest.mark.parametrize("kind", ["pool_closed", "pool_open", "runner_open", "queue"])
+def test_a_forked_child_leaves_no_names(kind, tmp_path):
+    run_child(kind, "fork", "fork", tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("start_method", "child_method"), [("spawn", "fork"), ("fork", "forkserver"), ("fork", "spawn")]
+)
+def test_children_of_every_start_method_leave_no_names(start_method, child_method, tmp_path):
+    run_child("pool_open", start_method, child_method, tmp_path)
+
+
+def test_an_executor_left_open_in_a_child_finishes_its_work_first(tmp_path):
+    # Its pending futures run to the end (as ProcessPoolExecutor's do at exit), then it stops.
+    run_child("executor_pending", "fork", "fork", tmp_path)
