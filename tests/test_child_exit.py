@@ -7,9 +7,11 @@ own interpreter (tests/child_exit_defs.py), under a hard time limit."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -43,3 +45,27 @@ def test_children_of_every_start_method_leave_no_names(start_method, child_metho
 def test_an_executor_left_open_in_a_child_finishes_its_work_first(tmp_path):
     # Its pending futures run to the end (as ProcessPoolExecutor's do at exit), then it stops.
     run_child("executor_pending", "fork", "fork", tmp_path)
+
+
+def test_a_program_that_exits_while_a_dropped_executor_works_leaves_no_names(tmp_path):
+    # The executor's pool is held by the thread that waits for its work; the interpreter's
+    # end used to find that thread still holding it: its queues' names stayed behind.
+    for _ in range(4):
+        p = subprocess.run(
+            [sys.executable, DEFS, "executor_pending", "fork", "none", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert p.returncode == 0, p.stderr[-3000:]
+        held = json.loads(p.stdout)
+        assert held, "the program held no names"
+        deadline = time.monotonic() + 30  # its workers on their way out hold the queues
+        left = [n for n in held if os.path.exists(f"/dev/shm/{n}")]
+        while left and time.monotonic() < deadline:
+            time.sleep(0.05)
+            left = [n for n in held if os.path.exists(f"/dev/shm/{n}")]
+        assert not left, left
+        assert sorted(os.listdir(tmp_path)) == ["0", "1", "2", "3"]
+        for f in os.listdir(tmp_path):
+            os.unlink(tmp_path / f)

@@ -24,6 +24,9 @@ _P = ParamSpec("_P")
 # The pools of live executors: at interpreter exit their pending work is finished (as
 # concurrent.futures does), before easycore's own exit hook stops what is left.
 _LIVE: weakref.WeakSet[Pool] = weakref.WeakSet()
+# The pools of executors dropped without shutdown(), each held by the thread that waits for
+# its work (see _drain_dropped).
+_DRAINING: dict[Pool, threading.Thread | None] = {}
 
 
 def _finish_at_exit() -> None:
@@ -33,9 +36,11 @@ def _finish_at_exit() -> None:
             pool.join()
         except BaseException:  # noqa: BLE001, S110 - exiting: the exit hook stops the rest
             pass
-
-
-_DRAINING: set[Pool] = set()
+    # Their threads let go of the pools now (a pool still held when the interpreter ends
+    # would keep its queues' names in /dev/shm until the next sweep).
+    for thread in list(_DRAINING.values()):
+        if thread is not None:
+            thread.join(30.0)
 
 
 def _drain_dropped(pool: Pool) -> None:
@@ -43,18 +48,21 @@ def _drain_dropped(pool: Pool) -> None:
     held, by a thread that waits for its pending work and its workers, until both are done
     (collected at once, the pool would stop its workers and fail that work)."""
     pool.close()
-    _DRAINING.add(pool)
 
     def drain() -> None:
         try:
             pool.join()
+        except BaseException:  # noqa: BLE001, S110 - a worker's exit error: nobody to tell
+            pass
         finally:
-            _DRAINING.discard(pool)
+            _DRAINING.pop(pool, None)
 
+    thread = threading.Thread(target=drain, name="easycore-executor-drain", daemon=True)
+    _DRAINING[pool] = thread
     try:
-        threading.Thread(target=drain, name="easycore-executor-drain", daemon=True).start()
-    except RuntimeError:  # no new threads at exit: _finish_at_exit joins it
-        pass
+        thread.start()
+    except RuntimeError:  # no new threads at exit: held here, _finish_at_exit joins it
+        _DRAINING[pool] = None
 
 
 # concurrent.futures finishes its pending work from threading's exit hooks, which run before
