@@ -30,9 +30,15 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=200)
     ap.add_argument("--start-method", default="fork")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--maxtasksperchild", type=int, help="pool only: workers recycled after this many tasks"
+    )
     args = ap.parse_args()
     torture = importlib.import_module(TORTURES[args.what])
-    out = torture.run(args.rounds, start_method=args.start_method, seed=args.seed)
+    extra = {} if args.maxtasksperchild is None else {"maxtasksperchild": args.maxtasksperchild}
+    if extra and args.what != "pool":
+        ap.error("--maxtasksperchild is the pool's")
+    out = torture.run(args.rounds, start_method=args.start_method, seed=args.seed, **extra)
     for p in out.problems:
         print("PROBLEM", p)
     print(f"{args.what}, {args.start_method}: {out.summary()}")

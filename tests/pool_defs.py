@@ -90,6 +90,12 @@ def queue_writer(q, w, n):
     q.put_many(items[half:])
 
 
+def queue_writer_then_exit(q, w, n):
+    """:func:`queue_writer`, then a bare ``os._exit(0)``: no exit handler of any kind runs."""
+    queue_writer(q, w, n)
+    os._exit(0)
+
+
 def queue_reader(q, out, n):
     """Gets until ``n`` objects arrived (get and get_many), then reports what it saw to ``out``."""
     seen = []

@@ -1,6 +1,7 @@
 """Kill torture for the pool: several threads use one :class:`~easycore.parallel.Pool` at
 once (``map`` over a generator, ``imap_unordered`` over a list, ``submit``) while one of its
-workers is SIGKILLed (a fifth SIGSTOPped first) at a random instant. Used by
+workers is SIGKILLed (a fifth SIGSTOPped first) at a random instant, optionally while the
+workers are recycled (``maxtasksperchild``). Used by
 tests/test_pool_crash.py (a short run in CI) and by ``benches/kill_soak.py pool`` (a long
 soak).
 
@@ -61,10 +62,14 @@ def _call(outcome: dict[int, str], k: int, fn: Callable[[], bool]) -> None:
         outcome[k] = f"{type(e).__name__}: {e}"
 
 
-def run(rounds: int, start_method: str = "fork", seed: int = 0) -> Outcome:
+def run(
+    rounds: int, start_method: str = "fork", seed: int = 0, maxtasksperchild: int | None = None
+) -> Outcome:
+    """``rounds`` rounds on one pool of two workers (recycled after ``maxtasksperchild``
+    tasks, if given: the victim may then be a worker on its way out, or its replacement)."""
     rng = random.Random(seed)
     out = Outcome()
-    with Pool(2, start_method=start_method) as pool:
+    with Pool(2, start_method=start_method, maxtasksperchild=maxtasksperchild) as pool:
         for rnd in range(rounds):
             outcome: dict[int, str] = {}
             n_map, n_imap, n_tasks = (

@@ -109,12 +109,13 @@ def test_get_many_wants_at_least_one_item(max_items):
 
 
 def test_what_forked_children_leave_in_dev_shm_goes_with_the_next_queue():
-    # A child forked by multiprocessing ends with os._exit, so exit handlers never remove its
+    # A child that ends with a bare os._exit runs no exit handler, so nothing removes its
     # liveness token (nor anything of a child that was killed); a program that only uses
-    # Queue (no runner, whose start sweeps) piled them up in /dev/shm.
+    # Queue (no runner, whose start sweeps) piled them up in /dev/shm. (A child that
+    # multiprocessing ends removes its own: tests/test_child_exit.py.)
     ctx = mp.get_context("fork")
     q = Queue(capacity_bytes=4 << 20)  # room for all 12 objects (7 MB): nobody reads yet
-    kids = [ctx.Process(target=pd.queue_writer, args=(q, w, 4)) for w in range(3)]
+    kids = [ctx.Process(target=pd.queue_writer_then_exit, args=(q, w, 4)) for w in range(3)]
     for p in kids:
         p.start()
     for p in kids:
