@@ -223,6 +223,34 @@ def test_a_dropped_executor_finishes_its_pending_futures() -> None:
     assert [f.result(timeout=60) for f in futs] == [i * i for i in range(6)]
 
 
+def _sleepy(x: int) -> int:
+    time.sleep(0.01)
+    return x
+
+
+@pytest.mark.parametrize("how", ["shutdown_cancel_futures", "terminate"])
+def test_futures_the_pool_cancels_count_as_done_for_wait_and_as_completed(how) -> None:
+    # concurrent.futures.wait and as_completed count a cancelled future once its executor
+    # said so (set_running_or_notify_cancel); the pool only cancelled them, and wait() on
+    # them waited for ever (as it does on the stdlib's executor after cancel_futures=True).
+    import concurrent.futures as cf
+
+    if how == "terminate":
+        pool = Pool(2, start_method="fork")
+        futs = [pool.submit(_sleepy, i) for i in range(300)]
+        pool.terminate()
+    else:
+        ex = PoolExecutor(2, start_method="fork")
+        futs = [ex.submit(_sleepy, i) for i in range(300)]
+        ex.shutdown(wait=False, cancel_futures=True)
+    done, not_done = cf.wait(futs, timeout=30)
+    assert not not_done, f"{len(not_done)} futures never counted as done"
+    assert sum(1 for _ in cf.as_completed(futs, timeout=30)) == len(futs)
+    assert sum(f.cancelled() for f in futs) > 0
+    if how != "terminate":
+        ex.shutdown()
+
+
 def _failing_input(n: int, bad: int):  # type: ignore[no-untyped-def]
     for i in range(n):
         if i == bad:

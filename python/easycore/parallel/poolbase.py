@@ -22,6 +22,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
+from concurrent.futures._base import CANCELLED
 from multiprocessing import pool as stdlib_pool
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any
@@ -79,6 +80,17 @@ def _grace(value: Any) -> float:
     if not 0 <= value < math.inf:
         raise InvalidArgument(f"task_timeout_grace must be at least 0 and finite, got {value!r}")
     return float(value)
+
+
+def _cancel(fut: Future[Any]) -> None:
+    """Cancels a queued future and says so to those waiting for it: ``concurrent.futures.wait``
+    and ``as_completed`` count a cancelled future only once its executor has called
+    ``set_running_or_notify_cancel()`` (the stdlib's executors never do for the futures that
+    ``shutdown(cancel_futures=True)`` cancels, and ``wait()`` on them waits for ever)."""
+    # Taken out of the schedule, the future is the pool's alone: only a caller's own
+    # cancel() can have been first (then it is CANCELLED too, and not yet said).
+    if fut.cancel() and fut._state == CANCELLED:
+        fut.set_running_or_notify_cancel()
 
 
 def _finalize_pool(
@@ -335,7 +347,7 @@ class _PoolBase:
         """Cancels the queued futures that no worker takes next
         (``shutdown(cancel_futures=True)``)."""
         for fut in self._schedule.cancel_queued():
-            fut.cancel()
+            _cancel(fut)
 
     # ----- map calls -----
 
@@ -396,7 +408,7 @@ class _PoolBase:
         queued = self._schedule.terminate()
         self._bodies.clear()
         for fut in queued:
-            fut.cancel()
+            _cancel(fut)
         self._stream.abort()
         self._stream.fail_pending(PoolClosedError("the pool was terminated"))
         self.join()
