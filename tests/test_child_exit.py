@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -19,9 +20,9 @@ pytestmark = pytest.mark.timeout(240)
 DEFS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "child_exit_defs.py")
 
 
-def run_child(kind: str, start_method: str, child_method: str, tmp_path) -> None:
+def run_child(kind: str, start_method: str, child_method: str, tmp_path, *extra: str) -> None:
     p = subprocess.run(
-        [sys.executable, DEFS, kind, start_method, child_method, str(tmp_path)],
+        [sys.executable, DEFS, kind, start_method, child_method, str(tmp_path), *extra],
         capture_output=True,
         text=True,
         timeout=180,
@@ -69,3 +70,11 @@ def test_a_program_that_exits_while_a_dropped_executor_works_leaves_no_names(tmp
         assert sorted(os.listdir(tmp_path)) == ["0", "1", "2", "3"]
         for f in os.listdir(tmp_path):
             os.unlink(tmp_path / f)
+
+
+def test_a_child_killed_at_any_step_of_its_exit_leaves_nothing_after_the_sweep(tmp_path):
+    # Killed between two steps of its exit (its pools stopped, its queues not yet left; its
+    # queues left, its token not yet removed), it leaves names that the next sweep removes.
+    rng = random.Random(7)
+    for _ in range(8):
+        run_child("pool_open", "fork", "fork", tmp_path, f"{rng.random() * 0.03:.4f}")
