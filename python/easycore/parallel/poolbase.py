@@ -22,7 +22,6 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
-from concurrent.futures._base import CANCELLED
 from multiprocessing import pool as stdlib_pool
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any
@@ -87,9 +86,9 @@ def _cancel(fut: Future[Any]) -> None:
     and ``as_completed`` count a cancelled future only once its executor has called
     ``set_running_or_notify_cancel()`` (the stdlib's executors never do for the futures that
     ``shutdown(cancel_futures=True)`` cancels, and ``wait()`` on them waits for ever)."""
-    # Taken out of the schedule, the future is the pool's alone: only a caller's own
-    # cancel() can have been first (then it is CANCELLED too, and not yet said).
-    if fut.cancel() and fut._state == CANCELLED:
+    # Taken out of the schedule, the future is the pool's alone: nothing else says anything
+    # of it, and a caller's own cancel() leaves it cancelled and not yet said, as this one.
+    if fut.cancel():
         fut.set_running_or_notify_cancel()
 
 
