@@ -141,9 +141,13 @@ class InputSide:
         self.window = settings.window  # the most items in flight (see Sizing.window_now)
         self.n = len(settings.devices)
         # Results in flight (queued, being consumed, or waiting in the reorder buffer) stay
-        # within about twice the output queue's side budget, however large each result is.
+        # within a bound of the output queue's side budget, however large each result is.
         self.sizing = Sizing(
-            settings, learned, cost, 2 * workers.out_budget, getattr(workers, "out_q", None)
+            settings,
+            learned,
+            cost,
+            leases.max_inflight_bytes(workers.out_budget),
+            getattr(workers, "out_q", None),
         )
         self.next_item = 0  # index of the next item to send
         self.next_batch = 0  # sequence number of the next batch (see Call.start)

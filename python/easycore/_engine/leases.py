@@ -70,6 +70,12 @@ CACHED_AHEAD_BYTES = 48 << 20
 AHEAD_PER_PRODUCER = 3
 
 
+def max_inflight_bytes(side_budget: int) -> int:
+    """The most bytes of results a stream keeps in flight: twice its output queue's side
+    budget (one budget's worth queued, one being built and received)."""
+    return 2 * side_budget
+
+
 def results_ahead(nbytes: float, producers: int) -> int:
     """How many results of ``nbytes`` a stream keeps in flight for their size (before the
     bounds of its window, its bytes and its output pool)."""
@@ -143,9 +149,7 @@ def lease(nbytes: int, runner: Any = None) -> ShmLease | None:
     try:
         make_room(q, nbytes, depth)
         if runner is None and nbytes > _largest:
-            # A stream keeps no more bytes of results in flight than twice its output
-            # queue's side budget (see Sizing.window_now).
-            _make_share(q, nbytes, 2 * q.side_budget)
+            _make_share(q, nbytes, max_inflight_bytes(q.side_budget))
         return q.lease(nbytes, timeout=1.0)
     except Exception:  # noqa: BLE001 - any failure: the caller uses private memory
         return None
@@ -155,9 +159,9 @@ def _make_share(q: Queue, nbytes: int, base: int) -> None:
     """The first array of ``nbytes`` this producer leases, larger than any before: it makes
     the ``_depth`` segments the pool has room for at once, with the other producers, but no
     more than fit ``base`` bytes (no more bytes of results are ever in flight) and the two
-    a consumer holds. Each producer holds what it
-    leased, free segments or new ones, until the pool holds that many bytes, then gives them
-    back unused: each stays in the pool, made. Made one at a time as a stream first needs
+    a consumer holds. Each producer holds what it leased, free segments or new ones, until
+    the pool holds that many bytes, then gives them back unused: each stays in the pool,
+    made. Made one at a time as a stream first needs
     them, each new segment (about 10 ms for 16 MiB: its pages are allocated, zeroed and
     mapped) would fall in whichever later call first has more results in flight and held
     than before, and cut that call's speed by half or more."""
