@@ -74,9 +74,13 @@ def main() -> None:
     """Parses the arguments and prints one line per system (see the module)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--items", type=int, default=30_000, help="round trips per system")
-    n = ap.parse_args().items
+    ap.add_argument(
+        "--workers", type=int, default=1, help="worker processes of the runner and the pool"
+    )
+    args = ap.parse_args()
+    n = args.items
     w = W.WORKLOADS["latency"]
-    job = S.Job(hooks=w.hooks, ordered=False, devices=["cpu"], make_data=w.make_data)
+    job = S.Job(hooks=w.hooks, ordered=False, devices=["cpu"] * args.workers, make_data=w.make_data)
     for key, name in _SYSTEMS.items():
         with S.SYSTEMS[key].session(job) as call:
             _measure(name, call, n)

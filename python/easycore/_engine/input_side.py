@@ -206,8 +206,19 @@ class InputSide:
             self.attention.set(need)
         if need:
             self.cut_bulk()  # a run being extended ends after its item
+        # Whether there is a batch to send first: not while one waits for room; queued work
+        # is; items read and not sent are unless the sender is blind (a sliced sequence is
+        # sent by the receiver as it goes: nothing comes behind its back).
+        if self.pending is not None or self.in_full:
+            ready = False
+        elif self.urgent:
+            ready = True
+        elif self.seq_data is not None or len(self.buf) <= self.buf_off:
+            ready = False
+        else:
+            ready = not self.blind()
         if (
-            self.ready_to_send()
+            ready
             or self.input_error is not None
             or self.send_error is not None
             or (self.direct and self.delivered >= self.dispatched and self.reads_direct())
@@ -495,7 +506,9 @@ class InputSide:
                 return None
             items = kept
             parts = self.codec.dumps((first, items))
-        nb = wire.nbytes(parts)
+        head = parts[0]  # (wire.nbytes, inline for a batch of one part: most)
+        nb = len(head) if len(parts) == 1 and type(head) is bytes else wire.nbytes(parts)
+        del head
         self.sizing.bytes_per_item = nb / count
         self.stats.bytes_in += nb
         seq = self.next_batch
@@ -602,7 +615,7 @@ class InputSide:
         return (
             self.pending is None
             and not self.urgent
-            and self.unsent() <= 0
+            and len(self.buf) - self.buf_off <= 0  # (unsent, inline: per round trip)
             and self.delivered >= self.dispatched
         )
 
@@ -623,12 +636,3 @@ class InputSide:
         if self.seq_data is not None:
             return self.pos >= len(self.seq_data)
         return self.reader_done and self.unsent() <= 0
-
-    def ready_to_send(self) -> bool:
-        if self.pending is not None or self.in_full:
-            return False
-        if self.urgent:
-            return True
-        if self.seq_data is not None or len(self.buf) <= self.buf_off:
-            return False  # a sequence is sliced by the receiver: nothing comes behind its back
-        return not self.blind()

@@ -315,7 +315,11 @@ class Call:
         inp = self.input
         if self.reorder is not None or inp.abort:
             return None
-        inp.send_ready()
+        # (asked here first: most round trips have nothing to send)
+        if inp.pending is not None or inp.urgent or inp.seq_data is not None:
+            inp.send_ready()
+        elif len(inp.buf) > inp.buf_off:
+            inp.send_ready()
         if inp.send_error is not None or inp.input_error is not None:
             return None
         if not inp.receiver_sleeps():
@@ -329,8 +333,11 @@ class Call:
         finally:
             inp.receiver_woke()
         out: list[list[Any]] = []
+        bar = self.bar
         for _first, results, count in self._take(msgs):
-            self.delivered_chunk(count)
+            inp.delivered_chunk(count)  # (delivered_chunk, inline)
+            if bar is not None:
+                bar.update(count)
             out.append(results)
         return out
 
@@ -354,7 +361,10 @@ class Call:
             if t != wire.RESULT:
                 continue
             inp.last_progress = time.monotonic()
-            nb = wire.nbytes(parts)
+            # (wire.nbytes, inline for a message of one part: most results)
+            head = parts[0]
+            nb = len(head) if len(parts) == 1 and type(head) is bytes else wire.nbytes(parts)
+            del head
             stats.bytes_out += nb
             try:
                 first, results, wi, busy, wait, slow = loads(parts)
@@ -367,7 +377,8 @@ class Call:
             if slow is not None:
                 merge_slow(stats, wi, slow)
             del parts
-            count = inp.result_received(seq, len(results))
+            inp.results_in += 1  # (result_received, inline: once per message)
+            count = inp.packed_counts.pop(seq, None) or len(results)
             per = nb / count if count > 1 else nb
             prev = learned.out_bytes_per_item  # a running average (0: none learned yet)
             learned.out_bytes_per_item = per if prev <= 0 else 0.7 * prev + 0.3 * per

@@ -14,7 +14,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
-from typing import Any, cast
+from typing import Any
 
 from easycore._engine.lifecycle import TICK
 from easycore.errors import PoolClosedError, PoolTimeoutError
@@ -56,6 +56,9 @@ def results(
     return itertools.chain.from_iterable(chunks)
 
 
+_LAST = (-1,)  # the argument of list.pop that hands out a one-result list's result
+
+
 def _handed_out(chunk: list[Any]) -> Iterator[Any]:
     """The results of ``chunk`` in order, each dropped from the list as it is handed out:
     a result the caller has dropped is freed at once, not when its whole chunk is consumed
@@ -93,7 +96,10 @@ def result_chunks(
             full = False
             with job.lock:
                 if done:
-                    full = _consumed(job, done)
+                    if job.direct:  # (_consumed, inline: a round trip's common case)
+                        job.consumed += done
+                    else:
+                        full = _consumed(job, done)
                     done = 0
                 while True:
                     if job.error is not None and job.next_index >= job.error_at:
@@ -102,7 +108,7 @@ def result_chunks(
                         raise PoolClosedError("the pool was terminated")
                     n = 0  # results in got (a list of lists: none is copied)
                     if job.ordered:
-                        by_index = cast("dict[int, list[Any]]", job.ready)  # ordered: a dict
+                        by_index: dict[int, list[Any]] = job.ready  # type: ignore[assignment]
                         got = []
                         i = job.next_index
                         stop = job.error_at if job.error is not None else -1
@@ -113,11 +119,14 @@ def result_chunks(
                         n = i - job.next_index
                         job.next_index = i
                     else:
-                        arrived = cast("collections.deque[list[Any]]", job.ready)
-                        got = list(arrived)
-                        arrived.clear()
-                        for chunk in got:
-                            n += len(chunk)
+                        arrived: collections.deque[list[Any]] = job.ready  # type: ignore[assignment]
+                        if arrived:
+                            got = list(arrived)
+                            arrived.clear()
+                            for chunk in got:
+                                n += len(chunk)
+                        else:
+                            got = []
                     if n:
                         break
                     if job.input_done and job.consumed >= job.pulled:
@@ -147,7 +156,8 @@ def result_chunks(
                         job.next_index += n
                 if bar is not None:
                     bar.update(n)
-                yield _handed_out(own)
+                # (One result: its list's pop, as _handed_out does, without the frame.)
+                yield map(own.pop, _LAST) if n == 1 else _handed_out(own)
                 del own
                 done = n  # counted with the next look at the job
                 continue
@@ -201,8 +211,11 @@ def _read_and_send(job: _Job, scheduler: Scheduler) -> list[Any] | None:
         scheduler.wake_feed()  # the input ended or failed (a closing pool may end)
         return None
     x, index = got
+    wire = job.wire
+    if wire is None:
+        wire = job.fn_wire()
     try:
-        scheduler.send_direct((job.jid, index, job.fn_wire(), [x], job.mode), job)
+        scheduler.send_direct((job.jid, index, wire, [x], job.mode), job)
     finally:
         if job.caller_reads:  # the round trip did not say so as it sent the item
             scheduler.sent_direct(job)

@@ -156,7 +156,7 @@ class _Job:
     ) -> None:
         self.jid = jid
         self.fn = fn
-        self._fn_wire: Any = None  # see fn_wire
+        self.wire: Any = None  # the function as the caller's own reads send it (fn_wire)
         # A range/list/tuple is sliced in place; any other iterable is read item by item
         # (in chunks only if asked: filling a chunk would hold back items while next() waits).
         self.seq = cast("Sequence[Any]", iterable) if type(iterable) in _SEQUENCES else None
@@ -214,7 +214,7 @@ class _Job:
         item each): pickled once, as bytes that a worker unpickles once and keeps (pickling
         a function by name costs about a microsecond each way), or the function itself
         where plain pickle cannot send it or its pickle is large."""
-        wire = self._fn_wire
+        wire = self.wire
         if wire is None:
             try:
                 wire = pickle.dumps(self.fn, protocol=5)
@@ -222,7 +222,7 @@ class _Job:
                 wire = self.fn
             if isinstance(wire, bytes) and len(wire) > _FN_WIRE_MAX:
                 wire = self.fn  # a large callable: not kept by the workers
-            self._fn_wire = wire
+            self.wire = wire
         return wire
 
     def has_room(self) -> bool:
@@ -338,6 +338,11 @@ class _Job:
         long."""
         if not self.caller_reads:
             return False  # said already (both flags are the calling thread's own to write)
+        if not self.handing_back:
+            # One flag written (a round trip's common case): the feed, which reads it under
+            # the lock, sees it before or after, as it would with the lock held here.
+            self.caller_reads = False
+            return False
         with self.lock:
             self.caller_reads = False
             back = self.handing_back

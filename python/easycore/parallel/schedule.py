@@ -87,7 +87,7 @@ class Scheduler:
         self._feed: Feed | None = None  # the current stream's input
         self._feed_waiting = False  # the feed waits for work
         self._closing = False
-        self._terminated = False
+        self.terminated = False  # the pool was terminated (read by every caller's wait)
         self._task_window = 4  # most submitted tasks sent ahead of the workers
         self._tasks_per_stream = 0
         self._direct_ok = True
@@ -113,11 +113,6 @@ class Scheduler:
     def closing(self) -> bool:
         """bool: the pool accepts no new work (after ``close()`` or ``terminate()``)."""
         return self._closing
-
-    @property
-    def terminated(self) -> bool:
-        """bool: the pool was terminated."""
-        return self._terminated
 
     @property
     def cuts(self) -> int:
@@ -273,7 +268,7 @@ class Scheduler:
         """No new work, the pool stops: returns the queued tasks' futures (taken out)."""
         with self._cv:
             self._closing = True
-            self._terminated = True
+            self.terminated = True
             queued = [fut for fut, _tid, _blob in self._tasks]
             self._tasks.clear()
             self._cv.notify_all()
@@ -395,7 +390,7 @@ class Scheduler:
             if not (self._tasks or self._jobs or self._closing or self._resend):
                 self._cv.wait(timeout)
                 return None
-            end = self._terminated or (self._closing and self._all_sent())
+            end = self.terminated or (self._closing and self._all_sent())
             return end, self._generation
 
     def begin_stream(self, feed: Feed | None) -> None:
@@ -481,7 +476,7 @@ class Scheduler:
             self._feed_waiting
             or feed is None
             or stream is None
-            or self._terminated
+            or self.terminated
             or not self._direct_ok
             or not stream.injectable(self._generation)
         ):

@@ -37,7 +37,7 @@ _TARGET_CHUNK_S = 0.002  # worker time per chunk the automatic chunk size aims a
 # The pool's default ``window`` (items in flight in its stream, and a job's read ahead):
 # large, so that tiny items travel in batches of thousands (an engine batch is at most a
 # quarter of the window per worker). The engine bounds items in flight by bytes too, input
-# and results alike, and each job's results by bytes (StreamService._bound_room), so large
+# and results alike, and each job's results by bytes (StreamService._learn_cost), so large
 # items are held to a few.
 _WINDOW = 65536
 _ROOM_EVERY = 64  # result messages between two settings of the room, at most
@@ -250,7 +250,7 @@ class StreamService(CallerTurns):
         (:meth:`round_trip`); what it leaves (others' results, an error, the end) is taken
         up here."""
         chunks = call.iterate_chunks()
-        turn = self.turn = Turn(call, chunks)
+        turn = self.turn = Turn(call, chunks, self.runner.producers())
         route = self._route
         park_ok = self._park_ok
 
@@ -409,7 +409,14 @@ class StreamService(CallerTurns):
 
     def _learn_cost(self, seconds: float, count: int) -> None:
         """``count`` map results came, which took the workers ``seconds``: the cost per item
-        and the room of each job (by bytes per result) follow."""
+        and the room of each job follow.
+
+        The room bounds each job's results ahead of its caller by bytes too (as the runners
+        bound items in flight): at most about twice the output queue's budget of results, and
+        no more large results than the output pool has segments for (a job's results wait
+        for its caller in their segments; one that finds the pool full is built in private
+        memory and copied). One method, no call inside: a request/response loop pays it at
+        every round trip."""
         if not count:
             return
         cost = seconds / count
@@ -417,7 +424,24 @@ class StreamService(CallerTurns):
             cost = 1e-9  # never 0 for a known cost
         prev = self.item_cost
         self.item_cost = cost if prev <= 0 else 0.7 * prev + 0.3 * cost
-        self._bound_room(count)
+        call = self.call
+        if call is None:
+            return
+        self._n_results += count
+        per = call.stats.bytes_out / self._n_results
+        self._room_due -= 1
+        off = 8 * (per - self._room_per)
+        if self._room_due > 0 and -per <= off <= per:
+            # Within an eighth of the size the room was last set for: set again only now
+            # and then (the output pool may have grown), not at every message.
+            return
+        self._room_per, self._room_due = per, _ROOM_EVERY
+        if per > 0:
+            room = min(_WINDOW, int(call.max_inflight_bytes / per))
+            pooled = call.input.sizing.pooled_results(per)
+            if pooled is not None:
+                room = min(room, pooled)
+            self.room[0] = max(1, room)
 
     def _cost_per_value(self) -> float:
         """Worker seconds per input value, learned from the chunks done (0: not known yet);
@@ -436,31 +460,6 @@ class StreamService(CallerTurns):
                 fut.set_exception(task_error(value, self.remote_tb))
         except InvalidStateError:
             pass  # failed meanwhile by terminate()
-
-    def _bound_room(self, n_results: int) -> None:
-        """Bounds each job's results ahead of its caller by bytes too (as the runners bound
-        items in flight): at most about twice the output queue's budget of results, and no
-        more large results than the output pool has segments for (a job's results wait for
-        its caller in their segments; one that finds the pool full is built in private
-        memory and copied)."""
-        call = self.call
-        if call is None:
-            return
-        self._n_results += n_results
-        per = call.stats.bytes_out / (self._n_results or 1)
-        self._room_due -= 1
-        off = 8 * (per - self._room_per)
-        if self._room_due > 0 and -per <= off <= per:
-            # Within an eighth of the size the room was last set for: set again only now
-            # and then (the output pool may have grown), not at every message.
-            return
-        self._room_per, self._room_due = per, _ROOM_EVERY
-        if per > 0:
-            room = min(_WINDOW, int(call.max_inflight_bytes / per))
-            pooled = call.input.sizing.pooled_results(per)
-            if pooled is not None:
-                room = min(room, pooled)
-            self.room[0] = max(1, room)
 
     # ----- the scheduler's questions (StreamProbe) -----
 

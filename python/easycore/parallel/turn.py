@@ -63,9 +63,14 @@ class Left:
 class Turn:
     """The right to advance one stream's generator ``chunks`` of ``call`` (see the module)."""
 
-    def __init__(self, call: Any, chunks: Generator[list[Any], None, None]) -> None:
+    def __init__(
+        self, call: Any, chunks: Generator[list[Any], None, None], workers: Any = None
+    ) -> None:
         self.call = call
         self.chunks = chunks
+        # The stream's producers (the engine's transport; None: none), whose health a
+        # caller looks at before it takes the turn.
+        self.workers = workers
         # Guards the fields below; a caller's take and give-back hold it directly (a C-level
         # ``with``), the service thread waits on ``cond``.
         self.lock = threading.Lock()
@@ -177,14 +182,19 @@ class CallerTurns:
         its way) and the stream's workers are alive; None: not taken (a dead worker is the
         service thread's to find: a quiet restart)."""
         turn = self.turn
-        if turn is None or not turn.try_take():
+        if turn is None:
             return None
+        with turn.lock:  # (Turn.try_take, inline: once per round trip)
+            if not turn.parked or turn.caller or turn.left is not None or turn.closed:
+                return None
+            turn.caller = True
         taken = False
         try:
-            if turn.call.abort or not self._health.acquire(blocking=False):
+            if turn.call.input.abort or not self._health.acquire(blocking=False):
                 return None
             try:
-                taken = not self.runner.producer_died()
+                workers = turn.workers  # (runner.producer_died, inline)
+                taken = not (workers is None or workers.closed or workers.exited())
             finally:
                 self._health.release()
             return turn if taken else None
@@ -197,7 +207,9 @@ class CallerTurns:
         thread is parked (nothing else on its way), the caller sends it and receives until
         its call has a result, in its own thread, and True is returned (it may then have
         left the rest to the service thread). Its own result is handed straight to it
-        (``job.own``). False: nothing was sent (the feed sends it)."""
+        (``job.own``). False: nothing was sent (the feed sends it).
+
+        Each step is inline (a request/response loop pays each at every round trip)."""
         turn = self._take_turn()
         if turn is None:
             return False
@@ -208,13 +220,25 @@ class CallerTurns:
             if not call.input.send_direct([item], now=True):
                 return False
             # Sent: a probe's feed may read ahead while its result is on its way.
-            self.scheduler.sent_direct(job)
+            if job.sent_direct():
+                self.scheduler.notify()
             jid = job.jid
             index = item[1]
-            route = self._route
-            while job.own is None and not job.has_result():
+            chunks = turn.chunks
+            while True:
+                # (_receive, inline) The call's lean step, else (an error to raise first...) its
+                # receiving loop, which ends the call on an error (an error of the lean step
+                # is thrown into it).
                 try:
-                    got = _receive(turn)
+                    try:
+                        got = call.exchange(TICK)
+                    except WaitInterrupted:
+                        raise  # nothing was taken: the call goes on unless its caller ends it
+                    except BaseException as e:  # noqa: BLE001 - the loop ends the call, raises it
+                        got = [chunks.throw(e)]
+                    else:
+                        if got is None:
+                            got = [next(chunks)]
                 except StopIteration:
                     left = Left(ended=True)
                     break
@@ -226,8 +250,11 @@ class CallerTurns:
                     if isinstance(e, WaitInterrupted):
                         raise KeyboardInterrupt from None
                     raise
-                if got is None:
-                    break  # the service thread receives it
+                if not got:
+                    # Nothing came within a tick, or a wake-up came (other work on its way):
+                    # the service thread receives it, and this caller waits the common way,
+                    # where Ctrl-C and other callers' work find the pool as they always do.
+                    break
                 for k, results in enumerate(got):
                     if len(results) == 1 and job.own is None:
                         r = results[0]
@@ -243,12 +270,12 @@ class CallerTurns:
                             left = Left(handed=[x for rs in got[k:] for x in rs])
                             break
                     else:
-                        route(results)
+                        self._route(results)
                         continue
                     break
-                if left is not None:
+                if left is not None or job.own is not None or job.has_result():
                     break
-            wake = left is not None or not call.drained()
+            wake = left is not None or not call.input.drained()
             return True
         finally:
             turn.give_back(left, wake)
