@@ -5,10 +5,12 @@ Run::
 
     .venv/bin/python benches/round_trip_cpu.py                  # 30,000 round trips each
     taskset -c 1 .venv/bin/python benches/round_trip_cpu.py     # every process on one core
+    .venv/bin/python benches/round_trip_cpu.py --workers 2      # as the bench's default
 
 Each system runs the bench's ``latency`` workload through the bench's own systems (its
 runner, pool and Pipe sessions): item ``i + 1`` of the input exists only once result
-``i`` reached ``consumer_work``, one worker, ``x * x`` per item. After a warm-up call it
+``i`` reached ``consumer_work``, one worker (``--workers``: the runner's and the pool's;
+the ``Pipe`` loop has one), ``x * x`` per item. After a warm-up call it
 times one call of ``--items`` round trips and reads the CPU time of the caller (all its
 threads) and of its children (``/proc/<pid>/stat``) around it. On a machine where the
 two sides share a core (pinned, or beside busy processes) a round trip costs about the
