@@ -506,9 +506,7 @@ class InputSide:
                 return None
             items = kept
             parts = self.codec.dumps((first, items))
-        head = parts[0]  # (wire.nbytes, inline for a batch of one part: most)
-        nb = len(head) if len(parts) == 1 and type(head) is bytes else wire.nbytes(parts)
-        del head
+        nb = wire.nbytes(parts)
         self.sizing.bytes_per_item = nb / count
         self.stats.bytes_in += nb
         seq = self.next_batch
@@ -615,7 +613,7 @@ class InputSide:
         return (
             self.pending is None
             and not self.urgent
-            and len(self.buf) - self.buf_off <= 0  # (unsent, inline: per round trip)
+            and self.unsent() <= 0
             and self.delivered >= self.dispatched
         )
 

@@ -315,11 +315,7 @@ class Call:
         inp = self.input
         if self.reorder is not None or inp.abort:
             return None
-        # (asked here first: most round trips have nothing to send)
-        if inp.pending is not None or inp.urgent or inp.seq_data is not None:
-            inp.send_ready()
-        elif len(inp.buf) > inp.buf_off:
-            inp.send_ready()
+        inp.send_ready()
         if inp.send_error is not None or inp.input_error is not None:
             return None
         if not inp.receiver_sleeps():
@@ -333,11 +329,8 @@ class Call:
         finally:
             inp.receiver_woke()
         out: list[list[Any]] = []
-        bar = self.bar
         for _first, results, count in self._take(msgs):
-            inp.delivered_chunk(count)  # (delivered_chunk, inline)
-            if bar is not None:
-                bar.update(count)
+            self.delivered_chunk(count)
             out.append(results)
         return out
 
@@ -361,10 +354,7 @@ class Call:
             if t != wire.RESULT:
                 continue
             inp.last_progress = time.monotonic()
-            # (wire.nbytes, inline for a message of one part: most results)
-            head = parts[0]
-            nb = len(head) if len(parts) == 1 and type(head) is bytes else wire.nbytes(parts)
-            del head
+            nb = wire.nbytes(parts)
             stats.bytes_out += nb
             try:
                 first, results, wi, busy, wait, slow = loads(parts)
@@ -377,8 +367,7 @@ class Call:
             if slow is not None:
                 merge_slow(stats, wi, slow)
             del parts
-            inp.results_in += 1  # (result_received, inline: once per message)
-            count = inp.packed_counts.pop(seq, None) or len(results)
+            count = inp.result_received(seq, len(results))
             per = nb / count if count > 1 else nb
             prev = learned.out_bytes_per_item  # a running average (0: none learned yet)
             learned.out_bytes_per_item = per if prev <= 0 else 0.7 * prev + 0.3 * per

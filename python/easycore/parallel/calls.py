@@ -96,10 +96,7 @@ def result_chunks(
             full = False
             with job.lock:
                 if done:
-                    if job.direct:  # (_consumed, inline: a round trip's common case)
-                        job.consumed += done
-                    else:
-                        full = _consumed(job, done)
+                    full = _consumed(job, done)
                     done = 0
                 while True:
                     if job.error is not None and job.next_index >= job.error_at:
@@ -211,11 +208,8 @@ def _read_and_send(job: _Job, scheduler: Scheduler) -> list[Any] | None:
         scheduler.wake_feed()  # the input ended or failed (a closing pool may end)
         return None
     x, index = got
-    wire = job.wire
-    if wire is None:
-        wire = job.fn_wire()
     try:
-        scheduler.send_direct((job.jid, index, wire, [x], job.mode), job)
+        scheduler.send_direct((job.jid, index, job.fn_wire(), [x], job.mode), job)
     finally:
         if job.caller_reads:  # the round trip did not say so as it sent the item
             scheduler.sent_direct(job)

@@ -156,7 +156,7 @@ class _Job:
     ) -> None:
         self.jid = jid
         self.fn = fn
-        self.wire: Any = None  # the function as the caller's own reads send it (fn_wire)
+        self._fn_wire: Any = None  # see fn_wire
         # A range/list/tuple is sliced in place; any other iterable is read item by item
         # (in chunks only if asked: filling a chunk would hold back items while next() waits).
         self.seq = cast("Sequence[Any]", iterable) if type(iterable) in _SEQUENCES else None
@@ -214,7 +214,7 @@ class _Job:
         item each): pickled once, as bytes that a worker unpickles once and keeps (pickling
         a function by name costs about a microsecond each way), or the function itself
         where plain pickle cannot send it or its pickle is large."""
-        wire = self.wire
+        wire = self._fn_wire
         if wire is None:
             try:
                 wire = pickle.dumps(self.fn, protocol=5)
@@ -222,7 +222,7 @@ class _Job:
                 wire = self.fn
             if isinstance(wire, bytes) and len(wire) > _FN_WIRE_MAX:
                 wire = self.fn  # a large callable: not kept by the workers
-            self.wire = wire
+            self._fn_wire = wire
         return wire
 
     def has_room(self) -> bool:

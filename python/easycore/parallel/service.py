@@ -250,7 +250,7 @@ class StreamService(CallerTurns):
         (:meth:`round_trip`); what it leaves (others' results, an error, the end) is taken
         up here."""
         chunks = call.iterate_chunks()
-        turn = self.turn = Turn(call, chunks, self.runner.producers())
+        turn = self.turn = Turn(call, chunks)
         route = self._route
         park_ok = self._park_ok
 

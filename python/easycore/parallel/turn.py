@@ -63,14 +63,9 @@ class Left:
 class Turn:
     """The right to advance one stream's generator ``chunks`` of ``call`` (see the module)."""
 
-    def __init__(
-        self, call: Any, chunks: Generator[list[Any], None, None], workers: Any = None
-    ) -> None:
+    def __init__(self, call: Any, chunks: Generator[list[Any], None, None]) -> None:
         self.call = call
         self.chunks = chunks
-        # The stream's producers (the engine's transport; None: none), whose health a
-        # caller looks at before it takes the turn.
-        self.workers = workers
         # Guards the fields below; a caller's take and give-back hold it directly (a C-level
         # ``with``), the service thread waits on ``cond``.
         self.lock = threading.Lock()
@@ -182,19 +177,14 @@ class CallerTurns:
         its way) and the stream's workers are alive; None: not taken (a dead worker is the
         service thread's to find: a quiet restart)."""
         turn = self.turn
-        if turn is None:
+        if turn is None or not turn.try_take():
             return None
-        with turn.lock:  # (Turn.try_take, inline: once per round trip)
-            if not turn.parked or turn.caller or turn.left is not None or turn.closed:
-                return None
-            turn.caller = True
         taken = False
         try:
-            if turn.call.input.abort or not self._health.acquire(blocking=False):
+            if turn.call.abort or not self._health.acquire(blocking=False):
                 return None
             try:
-                workers = turn.workers  # (runner.producer_died, inline)
-                taken = not (workers is None or workers.closed or workers.exited())
+                taken = not self.runner.producer_died()
             finally:
                 self._health.release()
             return turn if taken else None
@@ -207,9 +197,7 @@ class CallerTurns:
         thread is parked (nothing else on its way), the caller sends it and receives until
         its call has a result, in its own thread, and True is returned (it may then have
         left the rest to the service thread). Its own result is handed straight to it
-        (``job.own``). False: nothing was sent (the feed sends it).
-
-        Each step is inline (a request/response loop pays each at every round trip)."""
+        (``job.own``). False: nothing was sent (the feed sends it)."""
         turn = self._take_turn()
         if turn is None:
             return False
@@ -220,25 +208,15 @@ class CallerTurns:
             if not call.input.send_direct([item], now=True):
                 return False
             # Sent: a probe's feed may read ahead while its result is on its way.
-            if job.sent_direct():
-                self.scheduler.notify()
+            self.scheduler.sent_direct(job)
             jid = job.jid
             index = item[1]
-            chunks = turn.chunks
+            route = self._route
+            # Its result has not come (the job had none when its caller read the item): the
+            # first look at the job is after the first receive.
             while True:
-                # (_receive, inline) The call's lean step, else (an error to raise first...) its
-                # receiving loop, which ends the call on an error (an error of the lean step
-                # is thrown into it).
                 try:
-                    try:
-                        got = call.exchange(TICK)
-                    except WaitInterrupted:
-                        raise  # nothing was taken: the call goes on unless its caller ends it
-                    except BaseException as e:  # noqa: BLE001 - the loop ends the call, raises it
-                        got = [chunks.throw(e)]
-                    else:
-                        if got is None:
-                            got = [next(chunks)]
+                    got = _receive(turn)
                 except StopIteration:
                     left = Left(ended=True)
                     break
@@ -250,11 +228,8 @@ class CallerTurns:
                     if isinstance(e, WaitInterrupted):
                         raise KeyboardInterrupt from None
                     raise
-                if not got:
-                    # Nothing came within a tick, or a wake-up came (other work on its way):
-                    # the service thread receives it, and this caller waits the common way,
-                    # where Ctrl-C and other callers' work find the pool as they always do.
-                    break
+                if got is None:
+                    break  # the service thread receives it
                 for k, results in enumerate(got):
                     if len(results) == 1 and job.own is None:
                         r = results[0]
@@ -270,12 +245,12 @@ class CallerTurns:
                             left = Left(handed=[x for rs in got[k:] for x in rs])
                             break
                     else:
-                        self._route(results)
+                        route(results)
                         continue
                     break
                 if left is not None or job.own is not None or job.has_result():
                     break
-            wake = left is not None or not call.input.drained()
+            wake = left is not None or not call.drained()
             return True
         finally:
             turn.give_back(left, wake)
