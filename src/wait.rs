@@ -6,6 +6,9 @@
 //! across processes (no `FUTEX_PRIVATE_FLAG`). Elsewhere a short sleep-and-recheck loop stands
 //! in (correct, slower); a macOS port replaces only this file (`os_sync_wait_on_address`).
 //!
+//! A waiter may carry a tag (bits of a futex bitset) so that a waker can pick it out of the
+//! others on the same word, and fall back to waking any when the one it picked is gone.
+//!
 //! Callers use the usual pattern, which cannot lose a wake-up: read the word, check the
 //! condition it guards, then `wait(word, seen, ..)` — the kernel returns at once if the word no
 //! longer holds `seen`.
@@ -33,6 +36,19 @@ pub fn wake_one(word: &AtomicU32) {
 /// Wakes at most `n` threads blocked in [`wait`] on `word`.
 pub fn wake(word: &AtomicU32, n: u32) {
     imp::wake(word, n.min(i32::MAX as u32) as i32)
+}
+
+/// [`wait`], tagged with the bits `tag` (not 0): a [`wake_tagged`] whose bits meet them
+/// may pick this waiter out of the others on `word`; any plain wake wakes it as well.
+pub fn wait_tagged(word: &AtomicU32, expected: u32, timeout: Option<Duration>, tag: u32) {
+    imp::wait_tagged(word, expected, timeout, tag)
+}
+
+/// Wakes at most `n` threads blocked on `word` whose tags meet `bits` (a plain [`wait`] has
+/// every bit). Returns how many it woke: 0 where the chosen waiters are gone (dead, woken,
+/// timed out) or the platform has no tagged waits, so the caller falls back to [`wake`].
+pub fn wake_tagged(word: &AtomicU32, n: u32, bits: u32) -> u32 {
+    imp::wake_tagged(word, n.min(i32::MAX as u32) as i32, bits)
 }
 
 #[cfg(target_os = "linux")]
@@ -77,6 +93,50 @@ mod imp {
             );
         }
     }
+
+    pub fn wait_tagged(word: &AtomicU32, expected: u32, timeout: Option<Duration>, tag: u32) {
+        // FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC deadline.
+        let ts = timeout.map(|d| {
+            let at = monotonic_ns().saturating_add(d.as_nanos().min(u64::MAX as u128) as u64);
+            libc::timespec {
+                tv_sec: (at / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
+                tv_nsec: (at % 1_000_000_000) as libc::c_long,
+            }
+        });
+        let ts_ptr = ts
+            .as_ref()
+            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+        // SAFETY: as in `wait`; the kernel reads `word` and the timespec, if any, only during
+        // the call. A tag of 0 is refused by the kernel (EINVAL: the call returns at once),
+        // so callers pass a non-zero one.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAIT_BITSET,
+                expected,
+                ts_ptr,
+                std::ptr::null::<u32>(),
+                tag,
+            );
+        }
+    }
+
+    pub fn wake_tagged(word: &AtomicU32, n: i32, bits: u32) -> u32 {
+        // SAFETY: as in `wake`; the address is only a key.
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                word.as_ptr(),
+                libc::FUTEX_WAKE_BITSET,
+                n,
+                std::ptr::null::<libc::timespec>(),
+                std::ptr::null::<u32>(),
+                bits,
+            )
+        };
+        u32::try_from(r).unwrap_or(0)
+    }
 }
 
 #[cfg(not(target_os = "linux"))]
@@ -100,6 +160,14 @@ mod imp {
     }
 
     pub fn wake(_word: &AtomicU32, _n: i32) {}
+
+    pub fn wait_tagged(word: &AtomicU32, expected: u32, timeout: Option<Duration>, _tag: u32) {
+        wait(word, expected, timeout)
+    }
+
+    pub fn wake_tagged(_word: &AtomicU32, _n: i32, _bits: u32) -> u32 {
+        0
+    }
 }
 
 static CACHED_PID: AtomicU32 = AtomicU32::new(0);
@@ -137,6 +205,29 @@ pub fn monotonic_ns() -> u64 {
         .saturating_add(ts.tv_nsec as u64)
 }
 
+/// Waits (at most a minute, then panics) until thread `tid` of this process is asleep in
+/// the kernel (tests: a waiter is in its futex before the wake-up under test is sent).
+#[cfg(all(test, target_os = "linux"))]
+pub(crate) fn until_asleep(tid: i32, also: impl Fn() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let state = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')
+                    .map(|(_, r)| r.trim_start().starts_with('S'))
+            });
+        if state == Some(true) && also() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "thread {tid} never fell asleep"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,5 +256,34 @@ mod tests {
         w.store(7, Ordering::SeqCst);
         wake_all(&w);
         assert_eq!(h.join().unwrap(), 7);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_tagged_wake_picks_its_waiter_and_a_plain_one_any() {
+        let w = Arc::new(AtomicU32::new(0));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawn = |tag: u32| {
+            let (w, tx) = (w.clone(), tx.clone());
+            std::thread::spawn(move || {
+                // SAFETY: gettid takes no arguments and cannot fail.
+                tx.send(unsafe { libc::gettid() }).unwrap();
+                wait_tagged(&w, 0, Some(Duration::from_secs(60)), tag);
+            })
+        };
+        let (a, b) = (spawn(1), spawn(2));
+        for _ in 0..2 {
+            until_asleep(rx.recv().unwrap(), || true);
+        }
+        assert_eq!(wake_tagged(&w, 1, 4), 0, "no waiter has bit 4");
+        assert_eq!(wake_tagged(&w, 1, 2), 1);
+        b.join().unwrap();
+        assert!(
+            !a.is_finished(),
+            "the wake for bit 2 woke the waiter of bit 1"
+        );
+        assert_eq!(wake_tagged(&w, 1, 2), 0, "its waiter is gone");
+        wake(&w, 1);
+        a.join().unwrap();
     }
 }

@@ -3,7 +3,7 @@
 //! the segment may read it; who may *write* each field is written beside it.
 //!
 //! ```text
-//! Shared-memory layout, version 5 (offsets from the segment start)
+//! Shared-memory layout, version 6 (offsets from the segment start)
 //! [0, 24576)                   Header: magic "easyqueu", version, owner identity, sizes, the
 //!                              lock, positions, counters, wake words, the party table
 //!                              (1024 parties, queue::parties) and the slot table (crate::slots)
@@ -32,8 +32,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 /// "easyqueu" in ASCII.
 pub const MAGIC: u64 = 0x6561_7379_7175_6575;
 /// Layout version; bumped on any change of the shared layout (5: 1024 parties with
-/// generations, tokens in the lock word, record state words stamped with their position).
-pub const VERSION: u32 = 5;
+/// generations, tokens in the lock word, record state words stamped with their position;
+/// 6: the last reader to fall asleep, `last_reader`).
+pub const VERSION: u32 = 6;
 pub(crate) const HEADER_BYTES: usize = 6 * 4096;
 pub(crate) const ALIGN: u64 = 64;
 pub(crate) const REC_BYTES: u64 = 64;
@@ -188,6 +189,13 @@ pub(crate) struct Header {
     pub data_seq: Padded<AtomicU32>,
     /// Readers asleep (a hint: the sum of the live parties' counts, rebuilt by repair).
     pub readers_waiting: AtomicU32,
+    /// The party (1-based; 0: none) of the reader that fell asleep last, written by that
+    /// reader before it sleeps and cleared by it (if still its own) when it wakes. A hint:
+    /// a commit wakes this reader first, whose caches are warm from the message before
+    /// (a request/response loop keeps one hot worker, where the futex alone wakes the
+    /// sleepers in turn); any value is safe, as a wake that finds no such sleeper falls
+    /// back to waking any reader.
+    pub last_reader: AtomicU32,
     /// Bumped by every release and by close; writers sleep on it.
     pub space_seq: Padded<AtomicU32>,
     /// Writers asleep (a hint, as `readers_waiting`).

@@ -46,7 +46,10 @@
 //! for a few microseconds (never past its deadline, never yielding the CPU, and only while
 //! its spins catch what they wait for: [`crate::spin`]), and the other side makes a wake
 //! system call only when someone is asleep (one waiter per committed message; every writer
-//! when space is freed).
+//! when space is freed). A commit wakes first the reader that fell asleep last
+//! (`last_reader`, a futex tag per party): in a request/response loop over several idle
+//! readers the one that just handled a message, its caches warm, takes the next, where the
+//! futex alone would wake them in the order they slept, each one cold.
 
 mod byref;
 #[cfg(test)]
@@ -603,7 +606,16 @@ impl Queue {
         // party.
         h.parties.note_wait(me, side, true);
         waiting.fetch_add(1, Ordering::SeqCst);
-        wait::wait(word, seen, Some(left));
+        if matches!(side, Side::Reader) {
+            let p = parties::split(me).0;
+            h.last_reader.store(p, Ordering::SeqCst);
+            wait::wait_tagged(word, seen, Some(left), reader_tag(p));
+            let _ = h
+                .last_reader
+                .compare_exchange(p, 0, Ordering::SeqCst, Ordering::Relaxed);
+        } else {
+            wait::wait(word, seen, Some(left));
+        }
         let _ = waiting.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |v| {
             Some(v.saturating_sub(1))
         });
@@ -635,12 +647,22 @@ impl Queue {
         }
     }
 
-    /// Wakes sleeping readers after `n` commits (one each), all of them on close.
+    /// Wakes sleeping readers after `n` commits (one each): the one that fell asleep last
+    /// first (`last_reader`), any others after it.
     fn wake_readers(&self, n: u32) {
         let h = self.hdr();
         h.data_seq.0.fetch_add(1, Ordering::SeqCst);
         if h.readers_waiting.load(Ordering::SeqCst) > 0 {
-            wait::wake(&h.data_seq.0, n.max(1));
+            let n = n.max(1);
+            let last = h.last_reader.load(Ordering::SeqCst);
+            let woken = if last == 0 {
+                0
+            } else {
+                wait::wake_tagged(&h.data_seq.0, 1, reader_tag(last))
+            };
+            if woken < n {
+                wait::wake(&h.data_seq.0, n - woken);
+            }
         }
     }
 
@@ -658,6 +680,12 @@ impl Queue {
         let lease = crate::slots::Lease::new(self.seg.clone(), Self::table_at(), idx, gen, party);
         Arc::new(SideBuf::new(seg, Some(lease)))
     }
+}
+
+/// The futex tag a reader of party `p` sleeps with: one of 32 bits, so a wake aimed at it
+/// may also pick a party 32 apart (still a sleeping reader: nothing is lost).
+fn reader_tag(p: u32) -> u32 {
+    1 << (p.wrapping_sub(1) % 32)
 }
 
 impl Drop for Queue {

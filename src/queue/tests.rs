@@ -1057,3 +1057,58 @@ fn a_waiter_whose_spins_never_catch_anything_stops_spinning_and_still_gets_its_m
     q.put(7, 0, &[b"x"], None).unwrap();
     assert_eq!(reader.join().unwrap().unwrap().0, 7);
 }
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_commit_wakes_the_reader_that_fell_asleep_last_and_another_when_it_is_gone() {
+    let q = Arc::new(small(1 << 14));
+    let h = q.hdr();
+    // A reader asleep in a claim names its party as the last to fall asleep, and takes the
+    // name back when it wakes.
+    let me = parties::split(q.party().unwrap()).0;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = {
+        let (q, tx) = (q.clone(), tx.clone());
+        thread::spawn(move || {
+            // SAFETY: gettid takes no arguments and cannot fail.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            get(&q, Some(Instant::now() + Duration::from_secs(60)))
+        })
+    };
+    let tid = rx.recv().unwrap();
+    crate::wait::until_asleep(tid, || h.last_reader.load(Ordering::SeqCst) == me);
+    q.put(1, 0, &[b"one"], None).unwrap();
+    assert_eq!(reader.join().unwrap().unwrap().0, 1);
+    assert_eq!(h.last_reader.load(Ordering::SeqCst), 0);
+
+    // Two sleepers of other parties (5, then 6, the last): a commit wakes 6 alone; the next,
+    // whose chosen sleeper is gone, wakes 5.
+    let seen = q.data_stamp();
+    let sleeper = |party: u32| {
+        let (q, tx) = (q.clone(), tx.clone());
+        thread::spawn(move || {
+            // SAFETY: as above.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            let word = &q.hdr().data_seq.0;
+            crate::wait::wait_tagged(word, seen, Some(Duration::from_secs(60)), reader_tag(party));
+        })
+    };
+    h.readers_waiting.fetch_add(2, Ordering::SeqCst);
+    let five = sleeper(5);
+    crate::wait::until_asleep(rx.recv().unwrap(), || true);
+    let six = sleeper(6);
+    crate::wait::until_asleep(rx.recv().unwrap(), || true);
+    h.last_reader.store(6, Ordering::SeqCst);
+    q.put(2, 0, &[b"two"], None).unwrap();
+    six.join().unwrap();
+    assert!(
+        !five.is_finished(),
+        "the commit woke a reader other than the last asleep"
+    );
+    q.put(3, 0, &[b"three"], None).unwrap();
+    five.join().unwrap();
+    h.readers_waiting.fetch_sub(2, Ordering::SeqCst);
+    let d = Some(Instant::now() + Duration::from_secs(10));
+    assert_eq!((get(&q, d).unwrap().0, get(&q, d).unwrap().0), (2, 3));
+    q.audit(d).unwrap();
+}
