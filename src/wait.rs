@@ -17,25 +17,28 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Once;
 use std::time::Duration;
 
+/// The tag of a plain wait or wake: every bit (the kernel's `FUTEX_BITSET_MATCH_ANY`).
+const ANY: u32 = u32::MAX;
+
 /// Blocks while `*word == expected`, for at most `timeout` (forever if `None`).
 /// Returns early on a wake-up, a change of the word, a signal, or spuriously: callers loop.
 pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-    imp::wait(word, expected, timeout)
+    imp::wait_tagged(word, expected, timeout, ANY)
 }
 
 /// Wakes every thread (in any process) blocked in [`wait`] on `word`.
 pub fn wake_all(word: &AtomicU32) {
-    imp::wake(word, i32::MAX)
+    wake(word, u32::MAX);
 }
 
 /// Wakes at most one thread blocked in [`wait`] on `word`.
 pub fn wake_one(word: &AtomicU32) {
-    imp::wake(word, 1)
+    wake(word, 1);
 }
 
 /// Wakes at most `n` threads blocked in [`wait`] on `word`.
 pub fn wake(word: &AtomicU32, n: u32) {
-    imp::wake(word, n.min(i32::MAX as u32) as i32)
+    wake_tagged(word, n, ANY);
 }
 
 /// [`wait`], tagged with the bits `tag` (not 0): a [`wake_tagged`] whose bits meet them
@@ -55,87 +58,54 @@ pub fn wake_tagged(word: &AtomicU32, n: u32, bits: u32) -> u32 {
 mod imp {
     use super::*;
 
-    pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
-        let ts = timeout.map(|d| libc::timespec {
-            tv_sec: d.as_secs().min(i64::MAX as u64) as libc::time_t,
-            tv_nsec: d.subsec_nanos() as libc::c_long,
-        });
-        let ts_ptr = ts
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
+    /// One futex call on `word` (the bitset forms: `bits` selects waiters; a wait's
+    /// deadline is absolute, on CLOCK_MONOTONIC). Returns the kernel's answer.
+    fn futex(
+        word: &AtomicU32,
+        op: libc::c_int,
+        val: u32,
+        deadline: Option<&libc::timespec>,
+        bits: u32,
+    ) -> libc::c_long {
+        let ts_ptr = deadline.map_or(std::ptr::null(), |t| t as *const libc::timespec);
         // SAFETY: `word` is a valid, aligned 4-byte atomic for the duration of the call; the
-        // kernel only reads it. `ts_ptr` is null or points to a live timespec. A shared
-        // (non-private) futex is required because the word may be mapped by other processes.
+        // kernel only reads it, or uses its address as a key. `ts_ptr` is null or points to
+        // a live timespec. A shared (non-private) futex is required because the word may be
+        // mapped by other processes. A `bits` of 0 is refused (EINVAL: the call returns at
+        // once): callers pass a non-zero one.
         unsafe {
             libc::syscall(
                 libc::SYS_futex,
                 word.as_ptr(),
-                libc::FUTEX_WAIT,
-                expected,
+                op,
+                val,
                 ts_ptr,
                 std::ptr::null::<u32>(),
-                0u32,
-            );
-        }
-    }
-
-    pub fn wake(word: &AtomicU32, n: i32) {
-        // SAFETY: as above; FUTEX_WAKE only uses the address as a key.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                word.as_ptr(),
-                libc::FUTEX_WAKE,
-                n,
-                std::ptr::null::<libc::timespec>(),
-                std::ptr::null::<u32>(),
-                0u32,
-            );
+                bits,
+            )
         }
     }
 
     pub fn wait_tagged(word: &AtomicU32, expected: u32, timeout: Option<Duration>, tag: u32) {
-        // FUTEX_WAIT_BITSET takes an absolute CLOCK_MONOTONIC deadline.
-        let ts = timeout.map(|d| {
+        let deadline = timeout.map(|d| {
             let at = monotonic_ns().saturating_add(d.as_nanos().min(u64::MAX as u128) as u64);
             libc::timespec {
                 tv_sec: (at / 1_000_000_000).min(i64::MAX as u64) as libc::time_t,
                 tv_nsec: (at % 1_000_000_000) as libc::c_long,
             }
         });
-        let ts_ptr = ts
-            .as_ref()
-            .map_or(std::ptr::null(), |t| t as *const libc::timespec);
-        // SAFETY: as in `wait`; the kernel reads `word` and the timespec, if any, only during
-        // the call. A tag of 0 is refused by the kernel (EINVAL: the call returns at once),
-        // so callers pass a non-zero one.
-        unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                word.as_ptr(),
-                libc::FUTEX_WAIT_BITSET,
-                expected,
-                ts_ptr,
-                std::ptr::null::<u32>(),
-                tag,
-            );
-        }
+        futex(
+            word,
+            libc::FUTEX_WAIT_BITSET,
+            expected,
+            deadline.as_ref(),
+            tag,
+        );
     }
 
     pub fn wake_tagged(word: &AtomicU32, n: i32, bits: u32) -> u32 {
-        // SAFETY: as in `wake`; the address is only a key.
-        let r = unsafe {
-            libc::syscall(
-                libc::SYS_futex,
-                word.as_ptr(),
-                libc::FUTEX_WAKE_BITSET,
-                n,
-                std::ptr::null::<libc::timespec>(),
-                std::ptr::null::<u32>(),
-                bits,
-            )
-        };
-        u32::try_from(r).unwrap_or(0)
+        let woken = futex(word, libc::FUTEX_WAKE_BITSET, n as u32, None, bits);
+        u32::try_from(woken).unwrap_or(0)
     }
 }
 
@@ -144,7 +114,7 @@ mod imp {
     use super::*;
     use std::time::Instant;
 
-    pub fn wait(word: &AtomicU32, expected: u32, timeout: Option<Duration>) {
+    pub fn wait_tagged(word: &AtomicU32, expected: u32, timeout: Option<Duration>, _tag: u32) {
         let start = Instant::now();
         let step = Duration::from_micros(200);
         while word.load(Ordering::Acquire) == expected {
@@ -157,12 +127,6 @@ mod imp {
             };
             std::thread::sleep(left.min(step));
         }
-    }
-
-    pub fn wake(_word: &AtomicU32, _n: i32) {}
-
-    pub fn wait_tagged(word: &AtomicU32, expected: u32, timeout: Option<Duration>, _tag: u32) {
-        wait(word, expected, timeout)
     }
 
     pub fn wake_tagged(_word: &AtomicU32, _n: i32, _bits: u32) -> u32 {
