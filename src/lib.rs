@@ -5,6 +5,7 @@
 //! * [`sweep`]: removing the names whose owners are gone.
 //! * [`wait`]: futex wait/wake on a shared word.
 //! * [`spin`]: spinning before a sleep, without yielding, while it pays.
+//! * [`lifeline`]: a slot the kernel marks when the thread holding it ends (robust mutex).
 //! * [`liveness`]: process identity and liveness the kernel vouches for (flocked tokens).
 //! * [`queue`]: the bounded inter-process message queue.
 //! * [`slots`]: the queue's pool of reusable segments for large messages.
@@ -18,6 +19,7 @@ pub mod error;
 pub mod filelock;
 pub mod forkviews;
 pub mod heap;
+pub mod lifeline;
 pub mod liveness;
 pub mod queue;
 pub mod reorder;

@@ -6,6 +6,7 @@ mod detach;
 mod errors;
 mod filelock;
 mod lease;
+mod lifelines;
 mod queue;
 mod reorder;
 
@@ -166,6 +167,7 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<queue::PyQueue>()?;
     m.add_class::<buffers::ShmBuffer>()?;
     m.add_class::<lease::ShmLease>()?;
+    m.add_class::<lifelines::PyLifelines>()?;
     m.add_class::<reorder::PyReorderBuffer>()?;
     m.add_class::<filelock::PyFileLock>()?;
     m.add_function(wrap_pyfunction!(sweep_stale_segments, m)?)?;
