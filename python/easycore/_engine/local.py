@@ -206,6 +206,10 @@ def start_local(start: ProducerStart) -> LocalWorkers:
         )
     for i in range(n):
         state[_producer.STATE_FIELDS * i + _producer.ITEM] = -1
+    lifelines = _producer.lifelines(state, n)
+    if lifelines is not None:
+        for i in range(n):
+            lifelines.init(i)
     procs: list[Any] = []
     workers = LocalWorkers(procs, list(start.devices), in_q, out_q, state, out_bytes)
     starter = Starter(start, in_q, out_q, state, state_fd, zygote)
@@ -214,6 +218,7 @@ def start_local(start: ProducerStart) -> LocalWorkers:
             workers.start_s[i] = time.perf_counter()  # until ready: see _await_ready
             procs.append(starter.start(i))
         _await_ready(start, workers)
+        workers.trust_lifelines(lifelines)
     except BaseException:
         starter.close()
         workers.shutdown(timeout=2.0, interrupt=True)

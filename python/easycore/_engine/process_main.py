@@ -35,10 +35,8 @@ from easycore._core import (
     sweep_dead_pids,
 )
 from easycore._engine import heap, leases, wire
-from easycore._engine.producer import (
-    Interrupted,
-    ProducerCore,
-)
+from easycore._engine.producer import Interrupted, ProducerCore
+from easycore._engine.producer import lifelines as producer_lifelines
 from easycore._engine.reports import error_report
 from easycore.errors import QueueClosed, QueueEmpty, QueueFull, SharedMemoryError
 
@@ -179,6 +177,13 @@ def producer_main(
                 sweep_dead_pids([int(owner.split("-", 1)[0])])
             return
         n = int(opts.get("n", 1))
+        state = opts.get("state")
+        lifelines = None if state is None else producer_lifelines(state, n)
+        if lifelines is not None:
+            # Held by this (main) thread for good: the kernel marks it when this process ends.
+            # A replacement finds its predecessor's still held: then it holds none (the caller
+            # reads no lifelines once a producer was replaced).
+            lifelines.hold(index)
         core = ProducerCore(
             runner_cls,
             index,

@@ -19,12 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from easycore._core import Lifelines
 from easycore._engine import lifecycle, wire
 from easycore._engine.insights import TIME_EACH_S, SlowItems
 from easycore._engine.reports import error_report, not_picklable_report
 
 # Layout of the shared state array of local producers: ``STATE_FIELDS`` int64 words per
-# producer, then one global word (``abort_below``). Per producer: the call and item being
+# producer, then one global word (``abort_below``), then one lifeline per producer
+# (``LIFELINE_WORDS`` words each, from ``lifelines_at(n)`` bytes: see ``_core.Lifelines``).
+# Per producer: the call and item being
 # worked on (ITEM -1: idle), when its batch started, COUNT: 1 when ITEM is tracked item by
 # item, else the batch's size (ITEM is then its first item: large batches are only made of
 # cheap items, which are not worth a store each), and RETIRED: the pid of a producer that ran
@@ -34,9 +37,21 @@ CALL, ITEM, SINCE_NS, COUNT, RETIRED = 0, 1, 2, 3, 4
 _TRACK_ITEMS = 8  # batches of at most this many items are tracked item by item
 
 
+LIFELINE_WORDS = Lifelines.slot_bytes // 8
+
+
 def state_size(n_producers: int) -> int:
     """Number of int64 words of the shared state array for ``n_producers``."""
-    return STATE_FIELDS * n_producers + 1  # the last word: abort_below
+    return (STATE_FIELDS + LIFELINE_WORDS) * n_producers + 1
+
+
+def lifelines(state: Any, n_producers: int) -> Lifelines | None:
+    """The producers' lifelines in their shared ``state`` (None where lifelines do not work):
+    producer ``i`` holds lifeline ``i`` from its start on, and the kernel marks it when the
+    producer ends, so that the caller sees all alive without a system call."""
+    if not Lifelines.supported():
+        return None
+    return Lifelines(state, 8 * (STATE_FIELDS * n_producers + 1), n_producers)
 
 
 @dataclass(frozen=True)

@@ -122,9 +122,6 @@ class StreamService(CallerTurns):
         )
         self.call: Call | None = None  # the current stream's call
         self.turn: Turn | None = None  # who advances the current stream (see turn.py)
-        # One health look at a time: the feed, the parked service thread and a caller ask
-        # (a poll object refuses concurrent polls).
-        self._health = threading.Lock()
         self.item_cost = 0.0  # worker seconds per map item, learned
         self.room = [_WINDOW]  # results a job may hold ahead of its caller (by bytes)
         self.end_error: BaseException | None = None  # what the workers' exit raised
@@ -466,8 +463,7 @@ class StreamService(CallerTurns):
     def worker_died(self) -> bool:
         """Whether a worker of the stream has died, or the workers were already stopped (the
         stream failed: its receiver saw the death first). The feed asks before taking work."""
-        with self._health:
-            return self.runner.producer_died()
+        return self.runner.producer_died()
 
     def drained(self) -> bool:
         """Whether nothing is on its way in the stream (read by the feed's thread: a guess)."""
@@ -507,9 +503,8 @@ class StreamService(CallerTurns):
         now = time.monotonic()
         if now >= self._inject_health:  # as often as the feed looks (a system call a worker)
             self._inject_health = now + _HEALTH_EVERY_S
-            with self._health:  # after the scheduler's lock, as the feed's own look
-                if self.runner.producer_died():
-                    return False
+            if self.runner.producer_died():
+                return False
         if not call.input.send_direct(items, now=True, queue=True):
             return False
         self.input_coming()

@@ -164,7 +164,6 @@ class CallerTurns:
     watch: StuckWatch | None
     generation: int
     task_wait: float
-    _health: threading.Lock
 
     def _route(self, results: list[Any]) -> None: ...
 
@@ -181,12 +180,7 @@ class CallerTurns:
             return None
         taken = False
         try:
-            if turn.call.abort or not self._health.acquire(blocking=False):
-                return None
-            try:
-                taken = not self.runner.producer_died()
-            finally:
-                self._health.release()
+            taken = not turn.call.abort and not self.runner.producer_died()
             return turn if taken else None
         finally:
             if not taken:
@@ -321,14 +315,9 @@ class CallerTurns:
             or not scheduler.feed_waiting
             or not scheduler.direct_ok
             or not call.drained()
-            or not self._health.acquire(blocking=False)
         ):
             return False
-        try:
-            died = self.runner.producer_died()
-        finally:
-            self._health.release()
-        if died:
+        if self.runner.producer_died():
             return False  # the feed finds out before it sends (a quiet restart)
         inp = call.input
 
