@@ -501,7 +501,7 @@ class StreamService(CallerTurns):
         if not self.injectable(generation) or call is None:
             return False
         now = time.monotonic()
-        if now >= self._inject_health:  # as often as the feed looks (a system call a worker)
+        if now >= self._inject_health:  # as often as the feed looks
             self._inject_health = now + _HEALTH_EVERY_S
             if self.runner.producer_died():
                 return False
