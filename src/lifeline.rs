@@ -7,7 +7,7 @@
 //! main thread, before it says it is ready) and never lets go. When that thread ends (the
 //! process exits, is killed, or execs), the kernel walks the thread's robust list and marks
 //! the mutex "owner died". Another process [`look`]s with a `trylock`, which makes no system
-//! call unless the mutex is contended:
+//! call:
 //! * busy: the holder lives ([`Look::Held`]); a stopped process (SIGSTOP, a debugger) is alive;
 //! * "owner died": the holder ended ([`Look::Dead`]); the look frees the mutex (made consistent
 //!   and let go of), so later looks say free. (Not left "not recoverable": glibc's trylock of
@@ -22,8 +22,8 @@
 //!   alive" answer whose error must cost no more than a death noticed later (the pool: a call
 //!   fails loudly instead of restarting quietly), never as the end of a wait; waits watch the
 //!   sentinel.
-//! * Another user cannot reach a lifeline: it lives in memory without a name (a memfd, or an
-//!   unlinked 0600 file inherited or passed by descriptor), never under `/dev/shm`.
+//! * Another user cannot reach a lifeline: it lives in memory without a name (a memfd, or a
+//!   0600 file unlinked as soon as it was made, inherited or passed by descriptor).
 //! * Looks by threads of one process must not overlap (two at once on a dead mutex: the second
 //!   sees the first's transient hold as busy). The bindings serialize them under the GIL.
 //! * A slot must not be made again ([`init`]) while a process that held it may still live: the
