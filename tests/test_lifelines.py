@@ -124,13 +124,14 @@ def test_a_pools_workers_hold_their_lifelines_and_a_killed_one_reads_dead() -> N
 
 
 def test_lifelines_are_no_longer_read_once_a_worker_was_replaced() -> None:
-    with Pool(1, maxtasksperchild=2) as p:
-        assert [x for x, _ in p.imap(rd.pid_of, range(2), chunksize=1)] == [0, 1]
+    with Pool(1, maxtasksperchild=3) as p:
+        # One task of three: the worker has not retired yet.
+        assert [x for x, _ in p.imap(rd.pid_of, range(1), chunksize=1)] == [0]
         workers = p._stream.runner._workers
         before = _lifelines(p)
         assert before is not None
         out = list(p.imap(rd.pid_of, range(6), chunksize=1))
         assert [x for x, _ in out] == list(range(6))
-        assert len({pid for _, pid in out}) >= 3  # replaced
+        assert len({pid for _, pid in out}) >= 2  # replaced
         assert workers._lifelines is None
         assert not workers.exited()  # the sentinels answer: all alive
