@@ -26,8 +26,7 @@ from easycore._engine.reports import error_report, not_picklable_report
 
 # Layout of the shared state array of local producers: ``STATE_FIELDS`` int64 words per
 # producer, then one global word (``abort_below``), then one lifeline per producer
-# (``LIFELINE_WORDS`` words each, from ``lifelines_at(n)`` bytes: see ``_core.Lifelines``).
-# Per producer: the call and item being
+# (``LIFELINE_WORDS`` words each: see :func:`lifelines`). Per producer: the call and item being
 # worked on (ITEM -1: idle), when its batch started, COUNT: 1 when ITEM is tracked item by
 # item, else the batch's size (ITEM is then its first item: large batches are only made of
 # cheap items, which are not worth a store each), and RETIRED: the pid of a producer that ran
