@@ -167,10 +167,16 @@ fn check(rc: libc::c_int) -> io::Result<()> {
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
+    //! Holders are threads here: the kernel walks a thread's robust list when the thread
+    //! ends, as when its process does. (Forked holders would keep the flocks of tokens that
+    //! tests running beside them hold, through inherited descriptors, for as long as they
+    //! live; the Python tests kill and stop holder processes.)
     use super::*;
+    use std::sync::mpsc;
+    use std::thread;
 
-    /// A shared anonymous mapping of `n` slots that forked children share.
-    fn slots(n: usize) -> *mut u8 {
+    /// `n` slots of shared anonymous memory (the kind other processes would share).
+    fn slots(n: usize) -> usize {
         // SAFETY: a fresh anonymous shared mapping; never unmapped (a test's lifetime).
         let p = unsafe {
             libc::mmap(
@@ -183,102 +189,83 @@ mod tests {
             )
         };
         assert_ne!(p, libc::MAP_FAILED);
-        p.cast()
+        p as usize
     }
 
-    /// Forks a child that holds the lifeline at `slot`, says so through a pipe, then waits
-    /// (stopped by a signal, or until killed). Returns its pid once it holds it.
-    fn child_holding(slot: *mut u8) -> libc::pid_t {
-        let mut fds = [0; 2];
-        // SAFETY: plain syscalls; the child only calls async-signal-safe functions
-        // (trylock of an uncontended robust mutex, write, pause, _exit).
-        unsafe {
-            assert_eq!(libc::pipe(fds.as_mut_ptr()), 0);
-            let pid = libc::fork();
-            assert!(pid >= 0);
-            if pid == 0 {
-                let ok = matches!(hold(slot), Ok(true));
-                libc::write(fds[1], [u8::from(ok)].as_ptr().cast(), 1);
-                loop {
-                    libc::pause();
-                }
-            }
-            libc::close(fds[1]);
-            let mut b = [0u8; 1];
-            assert_eq!(libc::read(fds[0], b.as_mut_ptr().cast(), 1), 1);
-            libc::close(fds[0]);
-            assert_eq!(b[0], 1, "the child could not take its lifeline");
-            pid
-        }
-    }
-
-    fn reap(pid: libc::pid_t) {
-        let mut status = 0;
-        // SAFETY: waits for our own child.
-        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    /// A thread that holds the lifeline at `slot` (whether it could is sent back first) and
+    /// ends when `end` is dropped.
+    fn holder(slot: usize) -> (thread::JoinHandle<()>, mpsc::Sender<()>, bool) {
+        let (took_tx, took_rx) = mpsc::channel();
+        let (end_tx, end_rx) = mpsc::channel::<()>();
+        let t = thread::spawn(move || {
+            // SAFETY: the slot was made by `init` and stays mapped.
+            let took = unsafe { hold(slot as *mut u8) }.unwrap();
+            took_tx.send(took).unwrap();
+            let _ = end_rx.recv(); // until the sender is dropped
+        });
+        let took = took_rx.recv().unwrap();
+        (t, end_tx, took)
     }
 
     #[test]
-    fn a_lifeline_says_held_while_its_holder_lives_or_is_stopped_and_dead_once_it_is_killed() {
+    fn a_lifeline_says_held_while_its_holder_lives_and_dead_once_it_ends() {
         let s = slots(1);
-        // SAFETY: `s` is a mapped, 8-aligned slot nobody else uses yet.
-        unsafe { init(s).unwrap() };
-        // SAFETY: as above, for every look below.
-        assert_eq!(unsafe { look(s) }, Look::Free);
+        let p = s as *mut u8;
+        // SAFETY: `p` is a mapped, 8-aligned slot of our own, for every call below.
+        unsafe { init(p).unwrap() };
+        assert_eq!(unsafe { look(p) }, Look::Free);
         assert_eq!(
-            unsafe { look(s) },
+            unsafe { look(p) },
             Look::Free,
             "a look lets go of a free lifeline"
         );
-        let pid = child_holding(s);
-        assert_eq!(unsafe { look(s) }, Look::Held);
-        // SAFETY: signals to our own child.
-        unsafe { libc::kill(pid, libc::SIGSTOP) };
-        assert_eq!(unsafe { look(s) }, Look::Held, "a stopped process is alive");
-        unsafe { libc::kill(pid, libc::SIGKILL) };
-        reap(pid);
-        assert_eq!(unsafe { look(s) }, Look::Dead);
+        let (t, end, took) = holder(s);
+        assert!(took);
+        assert_eq!(unsafe { look(p) }, Look::Held);
+        assert_eq!(unsafe { look(p) }, Look::Held);
+        let (t2, end2, took2) = holder(s);
+        assert!(!took2, "a lifeline held by a live thread is not taken");
+        drop(end2);
+        t2.join().unwrap();
         assert_eq!(
-            unsafe { look(s) },
+            unsafe { look(p) },
+            Look::Held,
+            "one that could not take it lets go of nothing"
+        );
+        drop(end);
+        t.join().unwrap();
+        assert_eq!(unsafe { look(p) }, Look::Dead);
+        assert_eq!(
+            unsafe { look(p) },
             Look::Free,
             "the look that saw it dead freed it"
         );
-        assert_eq!(unsafe { look(s) }, Look::Free);
+        assert_eq!(unsafe { look(p) }, Look::Free);
     }
 
     #[test]
-    fn a_lifeline_is_marked_before_its_holder_is_reaped_and_one_died_can_be_held_again() {
+    fn a_lifeline_whose_holder_died_is_taken_by_its_successor_and_held_again() {
         let s = slots(2);
-        let t = s.wrapping_add(SLOT_BYTES);
-        // SAFETY: two mapped, 8-aligned slots of our own.
+        let (p, q) = (s as *mut u8, (s + SLOT_BYTES) as *mut u8);
+        // SAFETY: two mapped, 8-aligned slots of our own, for every call below.
         unsafe {
-            init(s).unwrap();
-            init(t).unwrap();
+            init(p).unwrap();
+            init(q).unwrap();
         }
-        let a = child_holding(s);
-        let b = child_holding(t);
-        // SAFETY: signals to our own children; looks at our slots.
-        unsafe { libc::kill(a, libc::SIGKILL) };
-        // A zombie (dead, not reaped) is dead: poll until the kernel marked it, bounded.
-        let mut seen = Look::Held;
-        for _ in 0..60_000 {
-            seen = unsafe { look(s) };
-            if seen != Look::Held {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        assert_eq!(seen, Look::Dead);
-        assert_eq!(unsafe { look(t) }, Look::Held, "the other holder lives");
-        reap(a);
-        // A replacement takes a lifeline whose holder died (no look in between: a look
-        // leaves a dead one not recoverable), and it is held again.
-        unsafe { libc::kill(b, libc::SIGKILL) };
-        reap(b);
-        let c = child_holding(t);
-        assert_eq!(unsafe { look(t) }, Look::Held);
-        unsafe { libc::kill(c, libc::SIGKILL) };
-        reap(c);
-        assert_eq!(unsafe { look(t) }, Look::Dead);
+        let (a, end_a, _) = holder(s);
+        let (b, end_b, _) = holder(s + SLOT_BYTES);
+        drop(end_a);
+        a.join().unwrap();
+        // No look in between: the successor finds "owner died" and takes it.
+        let (c, end_c, took) = holder(s);
+        assert!(took);
+        assert_eq!(unsafe { look(p) }, Look::Held);
+        assert_eq!(unsafe { look(q) }, Look::Held, "the other holder lives");
+        drop(end_c);
+        c.join().unwrap();
+        assert_eq!(unsafe { look(p) }, Look::Dead);
+        drop(end_b);
+        b.join().unwrap();
+        assert_eq!(unsafe { look(q) }, Look::Dead);
     }
 }
