@@ -31,6 +31,9 @@ pub mod sweep;
 pub mod trust;
 pub mod wait;
 
+#[cfg(test)]
+mod testing;
+
 #[cfg(feature = "python")]
 mod python;
 

@@ -708,6 +708,7 @@ mod tests {
 
     #[test]
     fn a_forked_child_has_its_own_identity_and_a_zombie_is_dead() {
+        let _forks = crate::testing::forking();
         let parent = me().unwrap();
         let mut fds = [0; 2];
         // SAFETY: pipe fills two descriptors.
@@ -810,6 +811,7 @@ mod tests {
 
     #[test]
     fn a_live_process_whose_token_was_deleted_is_still_alive() {
+        let _forks = crate::testing::forking();
         me().unwrap(); // hooks registered before the fork, not in the child
         crate::trust::unsplit(|| ());
         // SAFETY: the child sleeps until killed.
@@ -875,6 +877,7 @@ mod tests {
 
     #[test]
     fn a_token_made_while_a_sweep_runs_is_always_named_and_held() {
+        let _forks = crate::testing::forking();
         // Each child makes its token while the parent sweeps that child's names in a tight
         // loop: the sweep may remove a token it finds unlocked, but then its maker sees it
         // and makes another, so the child always ends with a token that is named and held.

@@ -228,37 +228,11 @@ mod tests {
     use crate::liveness::Identity;
     use crate::shm::tests::{exists, plant, remove};
     use crate::shm::{new_name_for, Segment};
-    use std::sync::{Mutex, MutexGuard};
-    use std::time::{Duration, Instant};
-
-    /// One sweep test at a time: a sweep that another test runs beside one holds a queue's
-    /// token while it looks, so this test's own sweep (or a queue's last party) leaves the
-    /// names to it, and they are not gone yet when this test looks.
-    fn serial() -> MutexGuard<'static, ()> {
-        static SERIAL: Mutex<()> = Mutex::new(());
-        SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Sweeps until `gone()` (at most 60 s): a child that a test elsewhere in this process
-    /// forks holds the queue tokens this process held, through its copies of their
-    /// descriptors, until it ends (within its own test).
-    fn sweep_until(gone: impl Fn() -> bool) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            sweep_stale();
-            if gone() {
-                return true;
-            }
-            if Instant::now() > deadline {
-                return false;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
+    use crate::testing::alone;
 
     #[test]
     fn sweep_removes_segments_of_dead_owners_only() {
-        let _serial = serial();
+        let _alone = alone();
         let me = liveness::me().unwrap();
         let dead = Identity {
             pid: me.pid,
@@ -280,7 +254,7 @@ mod tests {
 
     #[test]
     fn the_sweep_keeps_a_queue_s_names_while_a_party_holds_its_token() {
-        let _serial = serial();
+        let _alone = alone();
         let q = liveness::QueueToken::create(liveness::me().unwrap()).unwrap();
         let tag = q.tag().tag();
         let seg = Segment::create_tagged(4096, &tag).unwrap();
@@ -292,16 +266,14 @@ mod tests {
         // (any test run on this machine) may take the names first, so what is checked is
         // that they are gone, not what this sweep counted.
         drop(q);
-        let token = format!("/ec.{tag}.live");
-        assert!(
-            sweep_until(|| Segment::attach(&name).is_err() && !exists(&token)),
-            "segment and token removed"
-        );
+        sweep_stale();
+        assert!(Segment::attach(&name).is_err(), "segment removed");
+        assert!(!exists(&format!("/ec.{tag}.live")), "token removed");
     }
 
     #[test]
     fn the_sweep_leaves_other_users_files_and_planted_things() {
-        let _serial = serial();
+        let _alone = alone();
         let me = liveness::me().unwrap();
         let dead = Identity {
             pid: me.pid,
@@ -341,7 +313,7 @@ mod tests {
 
     #[test]
     fn the_sweep_removes_a_slot_name_whose_queue_is_over() {
-        let _serial = serial();
+        let _alone = alone();
         let tag = QueueTag(crate::trust::random_u64().unwrap());
         let queue = format!("/ec.{}.{:016x}", tag.tag(), 0x1234_5678_9abc_def0u64);
         let slot = |idx: u32| format!("{queue}.{idx:x}.1.{:016x}", 0xfeed_f00du64);
@@ -388,10 +360,8 @@ mod tests {
         sweep_stale();
         assert!(exists(&name), "a held queue's slot name was removed");
         drop(held);
-        assert!(
-            sweep_until(|| !exists(&name)),
-            "a dropped queue's slot name stayed"
-        );
+        sweep_stale();
+        assert!(!exists(&name));
     }
 
     #[test]
@@ -413,7 +383,7 @@ mod tests {
 
     #[test]
     fn the_last_party_removes_names_that_no_table_names() {
-        let _serial = serial();
+        let _alone = alone();
         let q = crate::queue::Queue::create(&crate::queue::QueueConfig {
             ring_bytes: 4096,
             ..Default::default()
@@ -431,20 +401,12 @@ mod tests {
         drop(q); // the creator, not the last party: names the tables do not know stay
         assert!(exists(&stray) && exists(&one_shot));
         drop(reader); // the last party
-        let left = || -> Vec<String> {
-            std::fs::read_dir(liveness::SHM_DIR)
-                .unwrap()
-                .flatten()
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| owner_of(n) == Some(Owner::Queue(tag)))
-                .collect()
-        };
-        // Gone at once, unless a child forked by a test beside this one still holds the
-        // queue's token: then the sweep removes them once it ended.
-        assert!(
-            left().is_empty() || sweep_until(|| left().is_empty()),
-            "names left after the last party: {:?}",
-            left()
-        );
+        let left: Vec<String> = std::fs::read_dir(liveness::SHM_DIR)
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().into_string().ok())
+            .filter(|n| owner_of(n) == Some(Owner::Queue(tag)))
+            .collect();
+        assert!(left.is_empty(), "names left after the last party: {left:?}");
     }
 }

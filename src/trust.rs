@@ -377,6 +377,7 @@ mod tests {
 
     #[test]
     fn a_section_runs_and_forks_still_work() {
+        let _forks = crate::testing::forking();
         let v = unsplit(|| 41 + 1);
         assert_eq!(v, 42);
         // SAFETY: the child only _exits.

@@ -25,6 +25,11 @@ unsafe impl Send for PyLifelines {}
 unsafe impl Sync for PyLifelines {}
 
 impl PyLifelines {
+    /// Lifeline `i`'s slot (`i < count`: inside the view).
+    fn at(&self, i: usize) -> *mut u8 {
+        self.base.wrapping_add(i * SLOT_BYTES)
+    }
+
     fn slot(&self, i: usize) -> PyResult<*mut u8> {
         if i >= self.count {
             return Err(PyIndexError::new_err(format!(
@@ -32,7 +37,7 @@ impl PyLifelines {
                 self.count
             )));
         }
-        Ok(self.base.wrapping_add(i * SLOT_BYTES))
+        Ok(self.at(i))
     }
 }
 
@@ -116,8 +121,7 @@ impl PyLifelines {
     fn all_held(&self, _py: Python<'_>) -> bool {
         (0..self.count).all(|i| {
             // SAFETY: as in `look`; `i < count`.
-            let seen = unsafe { lifeline::look(self.base.wrapping_add(i * SLOT_BYTES)) };
-            seen == Look::Held
+            unsafe { lifeline::look(self.at(i)) == Look::Held }
         })
     }
 

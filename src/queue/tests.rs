@@ -619,6 +619,7 @@ fn take_small_leaves_large_and_many_part_messages_to_claim() {
 
 #[test]
 fn a_reader_killed_inside_take_small_loses_nothing_and_blocks_nothing() {
+    let _forks = crate::testing::forking();
     let q = small(1 << 14);
     q.put(1, 0, &[b"not lost with its reader"], None).unwrap();
     q.put(2, 0, &[b"next"], None).unwrap();
