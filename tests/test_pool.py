@@ -211,12 +211,15 @@ def test_a_fresh_pools_first_imap_over_a_generator_sends_batches_not_single_item
     # Before the cost per item is known, batches are single items. The sender used to send
     # every buffered item that way until the input queue filled, looping there instead of
     # taking the results that teach the cost: 100k tiny items went as ~49k batches.
-    # Now only one batch per worker goes out blind.
+    # Now only one batch per worker goes out blind: a few dozen batches on a quiet machine.
+    # Under load a worker descheduled for milliseconds makes the learned cost per item
+    # large for a while, and batches small (a fresh-clone CI run saw 2,313): the bound
+    # tells the fixed sender from the old one, not a quiet machine from a busy one.
     n = 100_000
     with Pool(2) as p:
         assert sum(p.imap_unordered(abs, (-x for x in range(n)))) == n * (n - 1) // 2
         batches = p._stream.call.stats.batches
-    assert batches < 2000, f"{n} items went as {batches} batches"
+    assert batches < 10_000, f"{n} items went as {batches} batches"
 
 
 def test_input_that_waits_for_each_result_never_stalls():
