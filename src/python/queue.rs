@@ -15,7 +15,7 @@ use super::errors::{make, to_py, IntoPy};
 use super::lease::{match_parts, Matched, ShmLease};
 use super::{check_timeout, deadline, expired, tick};
 use crate::error::CoreError;
-use crate::queue::{Claimed, Queue, QueueConfig, Small};
+use crate::queue::{Claimed, Queue, QueueConfig, Small, Waited};
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
@@ -766,8 +766,14 @@ impl PyQueue {
         // The readers' wake-up word is read only after a miss (then the queue is looked at
         // once more before sleeping), so a get served at once touches one cache line less.
         let mut stamp = None;
+        // How the last wait ended, settled by the look that follows it (Queue::settle_read_spin).
+        let mut how = Waited::Woke;
         let result = loop {
-            match self.take_small(py) {
+            let took = self.take_small(py);
+            let got = !matches!(took, Ok(Small::Empty));
+            self.q
+                .settle_read_spin(std::mem::replace(&mut how, Waited::Woke), got);
+            match took {
                 Ok(Small::Took(t)) => break Ok(t),
                 Ok(Small::NotSmall | Small::Busy) => {
                     if d.is_none() {
@@ -794,7 +800,7 @@ impl PyQueue {
             }
             waited.get_or_insert_with(Instant::now);
             let t = tick(d);
-            detach(py, || self.q.wait_readable(seen, Some(t)));
+            how = detach(py, || self.q.wait_readable_spun(seen, Some(t)));
             if let Err(e) = py.check_signals() {
                 break Err(e);
             }

@@ -102,13 +102,7 @@ impl Queue {
                 Err(CoreError::Busy { .. }) => return Err(CoreError::Full),
                 Err(e) => return Err(e),
             }
-            if !self.wait_for(
-                &h.space_seq.0,
-                &h.writers_waiting,
-                super::parties::Side::Writer,
-                seen,
-                deadline,
-            ) {
+            if !self.wait_for_space(seen, deadline) {
                 return Err(CoreError::Full);
             }
         }

@@ -43,8 +43,9 @@
 //! # Waiting
 //! Blocked readers wait on the futex word `data_seq`, bumped by every commit and by close;
 //! blocked writers on `space_seq`, bumped by every release and by close. Each side first spins
-//! for a few microseconds (never past its deadline, never yielding the CPU, and only while
-//! its spins catch what they wait for: [`crate::spin`]), and the other side makes a wake
+//! for at least its handle's spin and up to twice the length its waits lately took, at most
+//! 200 µs (never past its deadline, never yielding the CPU, and only while its spins catch
+//! what they wait for: [`crate::spin`]), and the other side makes a wake
 //! system call only when someone is asleep (one waiter per committed message; every writer
 //! when space is freed). A commit wakes first the reader that fell asleep last
 //! (`last_reader`, a futex tag per party): in a request/response loop over several idle
@@ -67,7 +68,7 @@ use crate::liveness::{self, Identity, QueueToken};
 use crate::shm::{Owner, Pages, Segment};
 use crate::shmlock::ShmLockGuard;
 use crate::slots::{SideBuf, SlotMaps, TableAt};
-use crate::spin::{spin_until, SpinPolicy};
+use crate::spin::{a_cpu_is_free, spin_until, SpinPolicy, Spun};
 use crate::wait::{self, current_pid};
 use layout::{align_up, Header, RecordHeader, ALIGN, HEADER_BYTES, MAGIC, REC_BYTES, VERSION};
 use parties::Side;
@@ -127,11 +128,23 @@ impl Default for QueueConfig {
     }
 }
 
+/// How a wait for a queue's word ended ([`Queue::wait_readable_spun`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Waited {
+    /// Its deadline passed.
+    TimedOut,
+    /// The word changed, or may have (a sleep ended): look again.
+    Woke,
+    /// A spin saw the word change after this long, without a sleep.
+    Caught(Duration),
+}
+
 /// A handle on a queue; every process holds its own (created, or attached by name).
 pub struct Queue {
     seg: Arc<Segment>,
     ring_size: u64,
-    /// How long a blocked call may spin before it sleeps (0: never).
+    /// How long a blocked call may spin before it sleeps at least (0: never; longer when its
+    /// waits take longer: [`SpinPolicy::budget`]).
     spin: Duration,
     /// Whether this handle's waits spin first, readers' and writers' ([`crate::spin`]).
     spin_policy: [SpinPolicy; 2],
@@ -282,8 +295,9 @@ impl Queue {
         Ok(Queue::over(seg, ring, token))
     }
 
-    /// Sets how long a blocked call spins before it sleeps (this handle only). A call never
-    /// spins past its own deadline.
+    /// Sets how long a blocked call spins before it sleeps at least (this handle only; 0:
+    /// never). Its waits' learned length may lengthen a spin up to [`crate::spin::SPIN_CAP`];
+    /// a call never spins past its own deadline.
     pub fn set_spin(&mut self, spin: Duration) {
         self.spin = spin;
     }
@@ -548,6 +562,15 @@ impl Queue {
     /// Waits until a message is committed (or the queue closed) after `stamp` was taken, or
     /// until `deadline`; false if the deadline passed. Spins briefly first, then sleeps.
     pub fn wait_readable(&self, stamp: u32, deadline: Option<Instant>) -> bool {
+        let waited = self.wait_readable_spun(stamp, deadline);
+        self.settle_read_spin(waited, true);
+        waited != Waited::TimedOut
+    }
+
+    /// [`Queue::wait_readable`] for a reader that looks for its message next and then says
+    /// whether it got one ([`Queue::settle_read_spin`]): a spin that caught a commit another
+    /// reader took caught nothing.
+    pub fn wait_readable_spun(&self, stamp: u32, deadline: Option<Instant>) -> Waited {
         let h = self.hdr();
         self.wait_for(
             &h.data_seq.0,
@@ -558,9 +581,45 @@ impl Queue {
         )
     }
 
+    /// What a reader's wait `waited` was worth: `got` whether the look that followed found a
+    /// message. A spin counts as caught (and its length is learned) only if it did
+    /// ([`crate::spin`]): an idle reader that sees every commit another reader takes would
+    /// otherwise go on spinning for them.
+    pub fn settle_read_spin(&self, waited: Waited, got: bool) {
+        self.settle_spin(Side::Reader, waited, got);
+    }
+
+    /// A writer waits until space is freed after `seen` (the writers' word), or until
+    /// `deadline`; false if the deadline passed. (Freed space is there for every writer: a
+    /// spin that saw it caught it.)
+    pub(crate) fn wait_for_space(&self, seen: u32, deadline: Option<Instant>) -> bool {
+        let h = self.hdr();
+        let waited = self.wait_for(
+            &h.space_seq.0,
+            &h.writers_waiting,
+            Side::Writer,
+            seen,
+            deadline,
+        );
+        self.settle_spin(Side::Writer, waited, true);
+        waited != Waited::TimedOut
+    }
+
+    fn settle_spin(&self, side: Side, waited: Waited, got: bool) {
+        if let Waited::Caught(took) = waited {
+            let policy = &self.spin_policy[side as usize];
+            policy.record(got);
+            if got {
+                policy.learn(took);
+            }
+        }
+    }
+
     /// Spins (if this side's spins pay: [`crate::spin`]), then sleeps on `word` while it
-    /// holds `seen`, until `deadline`. Returns false if the deadline passed. Runs a
-    /// dead-process check when a sleep ends without progress.
+    /// holds `seen`, until `deadline`. [`Waited::TimedOut`] if the deadline passed. Runs a
+    /// dead-process check when a sleep ends without progress. A spin that caught the change
+    /// is not recorded here: the caller settles it ([`Queue::settle_spin`]) once it knows
+    /// whether the change was worth anything to it.
     fn wait_for(
         &self,
         word: &AtomicU32,
@@ -568,37 +627,46 @@ impl Queue {
         side: Side,
         seen: u32,
         deadline: Option<Instant>,
-    ) -> bool {
+    ) -> Waited {
         let start = Instant::now();
         let past = |now: Instant| deadline.is_some_and(|d| now >= d);
         if past(start) {
-            return false;
+            return Waited::TimedOut;
         }
         if word.load(Ordering::SeqCst) != seen {
-            return true;
+            return Waited::Woke;
         }
         let policy = &self.spin_policy[side as usize];
-        if !self.spin.is_zero() && policy.should_spin() {
+        let spun = !self.spin.is_zero() && policy.should_spin();
+        if spun {
+            // Longer than the handle's own spin only while a CPU is free (crate::spin).
+            let mut budget = policy.budget(self.spin);
+            if budget > self.spin && !a_cpu_is_free() {
+                budget = self.spin;
+            }
             let until = match deadline {
-                Some(d) => d.min(start + self.spin),
-                None => start + self.spin,
+                Some(d) => d.min(start + budget),
+                None => start + budget,
             };
-            let caught = spin_until(until, || word.load(Ordering::SeqCst) != seen);
-            policy.record(caught);
-            if caught {
-                return true;
+            let spun = spin_until(until, || word.load(Ordering::SeqCst) != seen);
+            if spun == Spun::Caught {
+                return Waited::Caught(start.elapsed());
+            }
+            policy.record(false);
+            if word.load(Ordering::SeqCst) != seen {
+                return Waited::Woke; // it came while this thread was descheduled
             }
         }
         let now = Instant::now();
         if past(now) {
-            return false;
+            return Waited::TimedOut;
         }
         let left = match deadline {
             Some(d) => (d - now).min(RECOVER_TICK),
             None => RECOVER_TICK,
         };
         let Ok(me) = self.party() else {
-            return true; // cannot sleep counted: let the caller retry
+            return Waited::Woke; // cannot sleep counted: let the caller retry
         };
         let h = self.hdr();
         // The party's own count goes up first and down last, so it always covers what this
@@ -623,8 +691,11 @@ impl Queue {
         if word.load(Ordering::SeqCst) == seen {
             self.close_if_owner_died();
             self.recover_if_due();
+        } else if !spun && !self.spin.is_zero() {
+            // The whole wait, the wake-up included: what a spin would have had to outlast.
+            policy.learn(start.elapsed());
         }
-        true
+        Waited::Woke
     }
 
     /// [`Queue::recover`], unless some waiter of this queue (in any process) started a scan

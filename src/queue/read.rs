@@ -3,8 +3,7 @@
 //! before it is used, so a corrupt segment gives an error, never a wild read.
 
 use super::layout::*;
-use super::parties::Side;
-use super::Queue;
+use super::{Queue, Waited};
 use crate::error::{CoreError, Result};
 use crate::shm::Segment;
 use crate::slots::{SideBuf, Taken};
@@ -94,6 +93,7 @@ impl Queue {
     pub fn claim(&self, max: usize, deadline: Option<Instant>) -> Result<Vec<Claimed>> {
         let h = self.hdr();
         let mut out = Vec::new();
+        let mut waited = Waited::Woke;
         loop {
             let seen = h.data_seq.0.load(Ordering::SeqCst);
             let mut sides = Vec::new();
@@ -172,6 +172,7 @@ impl Queue {
                 Err(CoreError::Busy { .. }) => {}
                 Err(e) => return Err(e),
             }
+            self.settle_read_spin(waited, !out.is_empty());
             if !out.is_empty() {
                 self.check_tables(&mut out, map_err)?;
                 return Ok(out);
@@ -179,13 +180,8 @@ impl Queue {
             if h.closed.load(Ordering::SeqCst) != 0 && h.pending.load(Ordering::Relaxed) == 0 {
                 return Err(CoreError::Closed);
             }
-            if !self.wait_for(
-                &h.data_seq.0,
-                &h.readers_waiting,
-                Side::Reader,
-                seen,
-                deadline,
-            ) {
+            waited = self.wait_readable_spun(seen, deadline);
+            if waited == Waited::TimedOut {
                 return Err(CoreError::Empty);
             }
         }

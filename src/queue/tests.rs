@@ -1060,6 +1060,54 @@ fn a_waiter_whose_spins_never_catch_anything_stops_spinning_and_still_gets_its_m
 }
 
 #[test]
+fn a_spin_counts_as_caught_only_if_the_look_after_it_found_a_message() {
+    let mut q = small(1 << 16);
+    let base = Duration::from_micros(20);
+    q.set_spin(base);
+    let long = Duration::from_micros(60);
+    // An idle reader whose spins see commits that another reader takes: misses, nothing
+    // learned, so it stops spinning like any reader whose spins never catch.
+    for _ in 0..crate::spin::MISS_LIMIT {
+        q.settle_read_spin(Waited::Caught(long), false);
+    }
+    assert_eq!(q.spin_policy[0].misses(), crate::spin::MISS_LIMIT);
+    assert_eq!(
+        q.spin_policy[0].budget(base),
+        base,
+        "a catch of nothing was learned"
+    );
+    // A catch that found its message: spinning is on again, and its length learned.
+    q.settle_read_spin(Waited::Caught(long), true);
+    assert_eq!(q.spin_policy[0].misses(), 0);
+    assert_eq!(q.spin_policy[0].budget(base), 2 * long);
+    // Waits that did not spin settle nothing.
+    q.settle_read_spin(Waited::Woke, false);
+    q.settle_read_spin(Waited::TimedOut, false);
+    assert_eq!(q.spin_policy[0].misses(), 0);
+
+    // Through a claim: a wait whose spin catches a commit (the writer sends while the
+    // reader spins, with a spin long enough to outlast the writer's pause) ends in a
+    // message, so the reader is still spinning afterwards and has learned a length.
+    let q = Arc::new(small(1 << 16));
+    let mut q2 = Queue::attach(q.name()).unwrap();
+    q2.set_spin(Duration::from_secs(5));
+    let q2 = Arc::new(q2);
+    let reader = {
+        let q2 = q2.clone();
+        thread::spawn(move || get(&q2, Some(Instant::now() + Duration::from_secs(60))))
+    };
+    thread::sleep(Duration::from_millis(2));
+    q.put(3, 0, &[b"x"], None).unwrap();
+    assert_eq!(reader.join().unwrap().unwrap().0, 3);
+    // (A loaded test machine may deschedule the spinner: then it slept, and counted a miss.)
+    let misses = q2.spin_policy[0].misses();
+    assert!(misses <= 1, "{misses} misses for one wait");
+    if misses == 0 {
+        assert!(q2.spin_policy[0].budget(Duration::ZERO) > Duration::ZERO);
+    }
+}
+
+#[test]
 #[cfg(target_os = "linux")]
 fn a_commit_wakes_the_reader_that_fell_asleep_last_and_another_when_it_is_gone() {
     let q = Arc::new(small(1 << 14));

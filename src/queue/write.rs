@@ -2,7 +2,6 @@
 //! store.
 
 use super::layout::*;
-use super::parties::Side;
 use super::Queue;
 use crate::error::{CoreError, Result};
 use crate::shm::Segment;
@@ -311,13 +310,7 @@ impl Queue {
             if n > 0 {
                 continue;
             }
-            if !self.wait_for(
-                &h.space_seq.0,
-                &h.writers_waiting,
-                Side::Writer,
-                seen,
-                deadline,
-            ) {
+            if !self.wait_for_space(seen, deadline) {
                 break;
             }
         }
