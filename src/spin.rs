@@ -2,7 +2,7 @@
 //!
 //! A waiter that spins for a few microseconds before it sleeps on a futex catches an answer
 //! that comes quickly (a request/response loop on a machine with a free core) without the
-//! two wake-ups a sleep costs. Two things make a spin harmful instead:
+//! two wake-ups a sleep costs. Five things make a spin harmful, or useless:
 //!
 //! * **Yielding while spinning.** `sched_yield` under Linux's fair scheduler (EEVDF) moves
 //!   the caller's deadline a whole slice later at every call, so a waiter that yields a few
@@ -16,8 +16,9 @@
 //!   count of the spins that ended in a sleep anyway: after [`MISS_LIMIT`] in a row the
 //!   waiter sleeps at once, and spins again only now and then (every 2nd, 4th, … up to
 //!   every [`PROBE_MAX`]th wait) to see whether spinning pays again; one spin that catches
-//!   its answer turns spinning back on.
-//!
+//!   its answer turns spinning back on. A reader's spin that saw a commit counts as caught
+//!   only if the reader then found a message ([`crate::queue::Queue::settle_read_spin`]):
+//!   an idle worker that sees every commit another worker takes would spin on for them.
 //! * **Spinning for less time than the answer takes.** How long an answer takes is the
 //!   other side's work plus, when the waiter sleeps, the machine's cost of waking it: a few
 //!   microseconds on a quiet machine with fast wake-ups, 50–100 µs on a virtual machine
