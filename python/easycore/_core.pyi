@@ -50,8 +50,10 @@ class Queue:
     default twice ``side_budget``) when one is free, and go inline otherwise; messages larger
     than ``max_inline`` that find no free pooled segment get a one-shot segment. A pooled
     segment returns to the pool when every view of its message is gone. Blocking calls
-    release the GIL and check for signals every 100 ms. Pickling a Queue attaches to the same
-    queue in the receiving process.
+    release the GIL and check for signals every 100 ms; before they sleep they spin for at
+    least ``spin_us`` microseconds (0: never), up to twice as long as their waits lately took
+    (at most 200 µs) while a CPU is free. Pickling a Queue attaches to the same queue in the
+    receiving process.
     """
 
     def __new__(
