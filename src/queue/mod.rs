@@ -137,9 +137,6 @@ pub enum Waited {
     Woke,
     /// A spin saw the word change after this long, without a sleep.
     Caught(Duration),
-    /// A sleep with no spin before it ended with the word changed, this long after the wait
-    /// began (its wake-up included).
-    Slept(Duration),
 }
 
 /// A handle on a queue; every process holds its own (created, or attached by name).
@@ -608,29 +605,21 @@ impl Queue {
         waited != Waited::TimedOut
     }
 
-    /// Settles a wait that ended as `waited` (see [`Queue::settle_read_spin`]): a spin's
-    /// catch is recorded as caught if `got`, else as a miss; the length of a catch or a sleep
-    /// is learned only if `got` (a sleep another reader's message ended says nothing about
-    /// how long this reader's answers take).
     fn settle_spin(&self, side: Side, waited: Waited, got: bool) {
-        let policy = &self.spin_policy[side as usize];
-        match waited {
-            Waited::Caught(took) => {
-                policy.record(got);
-                if got {
-                    policy.learn(took);
-                }
+        if let Waited::Caught(took) = waited {
+            let policy = &self.spin_policy[side as usize];
+            policy.record(got);
+            if got {
+                policy.learn(took);
             }
-            Waited::Slept(took) if got => policy.learn(took),
-            _ => {}
         }
     }
 
     /// Spins (if this side's spins pay: [`crate::spin`]), then sleeps on `word` while it
     /// holds `seen`, until `deadline`. [`Waited::TimedOut`] if the deadline passed. Runs a
-    /// dead-process check when a sleep ends without progress. What the wait teaches the
-    /// spin policy (a catch, a length) is not recorded here: the caller settles it
-    /// ([`Queue::settle_spin`]) once it knows whether the change was worth anything to it.
+    /// dead-process check when a sleep ends without progress. A spin that caught the change
+    /// is not recorded here: the caller settles it ([`Queue::settle_spin`]) once it knows
+    /// whether the change was worth anything to it.
     fn wait_for(
         &self,
         word: &AtomicU32,
@@ -704,7 +693,7 @@ impl Queue {
             self.recover_if_due();
         } else if !spun && !self.spin.is_zero() {
             // The whole wait, the wake-up included: what a spin would have had to outlast.
-            return Waited::Slept(start.elapsed());
+            policy.learn(start.elapsed());
         }
         Waited::Woke
     }
