@@ -800,7 +800,7 @@ impl PyQueue {
             }
             waited.get_or_insert_with(Instant::now);
             let t = tick(d);
-            how = detach(py, || self.q.wait_readable_spun(seen, Some(t)));
+            how = detach(py, || self.q.wait_readable(seen, Some(t)));
             if let Err(e) = py.check_signals() {
                 break Err(e);
             }

@@ -128,7 +128,7 @@ impl Default for QueueConfig {
     }
 }
 
-/// How a wait for a queue's word ended ([`Queue::wait_readable_spun`]).
+/// How a wait for a queue's word ended ([`Queue::wait_readable`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Waited {
     /// Its deadline passed.
@@ -560,17 +560,10 @@ impl Queue {
     }
 
     /// Waits until a message is committed (or the queue closed) after `stamp` was taken, or
-    /// until `deadline`; false if the deadline passed. Spins briefly first, then sleeps.
-    pub fn wait_readable(&self, stamp: u32, deadline: Option<Instant>) -> bool {
-        let waited = self.wait_readable_spun(stamp, deadline);
-        self.settle_read_spin(waited, true);
-        waited != Waited::TimedOut
-    }
-
-    /// [`Queue::wait_readable`] for a reader that looks for its message next and then says
-    /// whether it got one ([`Queue::settle_read_spin`]): a spin that caught a commit another
-    /// reader took caught nothing.
-    pub fn wait_readable_spun(&self, stamp: u32, deadline: Option<Instant>) -> Waited {
+    /// until `deadline` ([`Waited::TimedOut`]). Spins first, then sleeps. The reader then looks
+    /// for its message and says whether it got one ([`Queue::settle_read_spin`]): a spin that
+    /// caught a commit another reader took caught nothing.
+    pub fn wait_readable(&self, stamp: u32, deadline: Option<Instant>) -> Waited {
         let h = self.hdr();
         self.wait_for(
             &h.data_seq.0,
@@ -648,8 +641,8 @@ impl Queue {
                 Some(d) => d.min(start + budget),
                 None => start + budget,
             };
-            let spun = spin_until(until, || word.load(Ordering::SeqCst) != seen);
-            if spun == Spun::Caught {
+            let outcome = spin_until(until, || word.load(Ordering::SeqCst) != seen);
+            if outcome == Spun::Caught {
                 return Waited::Caught(start.elapsed());
             }
             policy.record(false);

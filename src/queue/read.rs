@@ -180,7 +180,7 @@ impl Queue {
             if h.closed.load(Ordering::SeqCst) != 0 && h.pending.load(Ordering::Relaxed) == 0 {
                 return Err(CoreError::Closed);
             }
-            waited = self.wait_readable_spun(seen, deadline);
+            waited = self.wait_readable(seen, deadline);
             if waited == Waited::TimedOut {
                 return Err(CoreError::Empty);
             }

@@ -555,7 +555,7 @@ fn take_one(q: &Queue, deadline: Option<Instant>) -> Result<(u64, u32, Vec<Vec<u
             // Held by someone (perhaps dead): the slow way waits, takes over, repairs.
             Small::Busy => return get(q, deadline),
             Small::Empty => {
-                if !q.wait_readable(stamp, deadline) {
+                if q.wait_readable(stamp, deadline) == Waited::TimedOut {
                     return Err(CoreError::Empty);
                 }
             }
