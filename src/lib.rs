@@ -9,12 +9,14 @@
 //! * [`liveness`]: process identity and liveness the kernel vouches for (flocked tokens).
 //! * [`queue`]: the bounded inter-process message queue.
 //! * [`slots`]: the queue's pool of reusable segments for large messages.
+//! * [`copy`]: copying a large message's body into its segment, streaming where it is cold.
 //! * [`forkviews`]: zero-copy views that a forked child keeps unchanged.
 //! * [`shmlock`]: the short shared-memory lock that survives its holder's death.
 //! * [`reorder`]: the sequence-ordered reorder buffer.
 //! * [`trust`]: opening names in `/dev/shm` that trust nothing another user could plant.
 //! * [`filelock`]: the inter-process file lock (flock, timeouts, fork-safe).
 
+pub mod copy;
 pub mod error;
 pub mod filelock;
 pub mod forkviews;

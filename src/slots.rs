@@ -65,7 +65,7 @@
 //! # Shared-memory layout
 //! [`SlotTable`] is `#[repr(C)]` and lives inside the queue's header page: four u64 words
 //! (`pool_bytes`, `pool_cap`, `last_gen`, `name_key`), then [`SLOTS`] 32-byte [`Slot`]s
-//! (`word: u64` = state | holder << 32, `size: u64, gen: u64, reserved: u64`).
+//! (`word: u64` = state | holder << 32, `size: u64, gen: u64, filled_at: u64`).
 
 use crate::error::{CoreError, Result};
 use crate::shm::{unlink_name, Segment};
@@ -100,7 +100,10 @@ pub struct Slot {
     size: AtomicU64,
     /// Generation, part of the segment's name; new for every segment the slot gets.
     gen: AtomicU64,
-    _reserved: u64,
+    /// The queue's count of bytes put (`total_bytes`) when a writer last took the slot.
+    /// Set under the lock by `take`; a hint only (it chooses how the next copy into the
+    /// segment stores, see `crate::copy`), so any value is safe.
+    filled_at: AtomicU64,
 }
 
 /// The pool's control block (in the queue header).
@@ -130,6 +133,9 @@ pub struct Taken {
     pub size: u64,
     /// The writer must create the segment (the slot was empty or evicted).
     pub fresh: bool,
+    /// Bytes put to the queue since the segment was last taken to be filled (0 for a fresh
+    /// one, which the kernel zeroed just now): how likely it is to have left the caches.
+    pub since_filled: u64,
 }
 
 /// Size of a new segment for a body of `len` bytes: rounded up to 1/16 of itself (and to
@@ -213,8 +219,8 @@ impl SlotTable {
 
     /// Under the lock: a slot for a body of `len` bytes, held by party `me`, or `None` when
     /// the pool cannot give one (the caller then uses a one-shot segment). Free slots evicted
-    /// to make room are unlinked here.
-    pub fn take(&self, queue: &str, len: u64, me: u32) -> Option<Taken> {
+    /// to make room are unlinked here. `written`: the queue's count of bytes put so far.
+    pub fn take(&self, queue: &str, len: u64, me: u32, written: u64) -> Option<Taken> {
         let mut best: Option<usize> = None;
         for (i, s) in self.slots.iter().enumerate() {
             if s.state() == FREE {
@@ -231,11 +237,13 @@ impl SlotTable {
         if let Some(i) = best {
             let s = self.slot(i);
             s.set(BUSY, me);
+            let since_filled = written.saturating_sub(s.filled_at.swap(written, Ordering::Relaxed));
             return Some(Taken {
                 idx: i,
                 gen: s.gen.load(Ordering::Relaxed),
                 size: s.size.load(Ordering::Relaxed),
                 fresh: false,
+                since_filled,
             });
         }
         // No free segment is large enough: make a new one if the cap allows, evicting free
@@ -272,6 +280,7 @@ impl SlotTable {
         let gen = self.last_gen.fetch_add(1, Ordering::Relaxed) + 1;
         s.gen.store(gen, Ordering::Relaxed);
         s.size.store(size, Ordering::Relaxed);
+        s.filled_at.store(written, Ordering::Relaxed);
         s.set(BUSY, me);
         self.pool_bytes.store(used + size, Ordering::Relaxed);
         Some(Taken {
@@ -279,6 +288,7 @@ impl SlotTable {
             gen,
             size,
             fresh: true,
+            since_filled: 0,
         })
     }
 

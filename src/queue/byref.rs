@@ -33,7 +33,12 @@ impl Queue {
             if h.closed.load(Ordering::SeqCst) != 0 {
                 return Err(CoreError::Closed);
             }
-            match h.slots.take(self.name(), len.max(1), me) {
+            match h.slots.take(
+                self.name(),
+                len.max(1),
+                me,
+                h.total_bytes.load(Ordering::Relaxed),
+            ) {
                 Some(t) => t,
                 None => return Ok(None),
             }

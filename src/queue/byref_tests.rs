@@ -112,7 +112,7 @@ fn a_writer_dead_after_publishing_its_record_loses_it_and_its_slots() {
     {
         let _g = q.lock_until(None).unwrap();
         let ghost = h.parties.register_ghost();
-        let t = h.slots.take(q.name(), len, ghost).unwrap();
+        let t = h.slots.take(q.name(), len, ghost, 0).unwrap();
         let e = RefEntry {
             part: 1,
             slot: t.idx as u32,

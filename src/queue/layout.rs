@@ -33,8 +33,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 pub const MAGIC: u64 = 0x6561_7379_7175_6575;
 /// Layout version; bumped on any change of the shared layout (5: 1024 parties with
 /// generations, tokens in the lock word, record state words stamped with their position;
-/// 6: the last reader to fall asleep, `last_reader`).
-pub const VERSION: u32 = 6;
+/// 6: the last reader to fall asleep, `last_reader`; 7: each slot's `filled_at`, which was
+/// reserved).
+pub const VERSION: u32 = 7;
 pub(crate) const HEADER_BYTES: usize = 6 * 4096;
 pub(crate) const ALIGN: u64 = 64;
 pub(crate) const REC_BYTES: u64 = 64;
@@ -344,18 +345,19 @@ pub(crate) unsafe fn read_part_table(
     .then_some(out)
 }
 
-/// Writes the body of `parts` at `base`.
+/// Writes the body of `parts` at `base`; with `stream`, the parts by streaming stores
+/// ([`crate::copy`]: a destination out of the caches).
 ///
 /// # Safety
 /// `base` must point at `body_len(parts)` writable bytes that no one else touches.
-pub(crate) unsafe fn write_body(base: *mut u8, parts: &[&[u8]]) {
+pub(crate) unsafe fn write_body(base: *mut u8, parts: &[&[u8]], stream: bool) {
     let mut k = 0;
     body_layout(parts.iter().map(|p| p.len() as u64), |off, len| {
         let p = parts[k];
         // SAFETY: `base` points at a body reserved for exactly this layout (caller's contract).
         unsafe {
             (base as *mut u64).add(k).write_unaligned(len);
-            std::ptr::copy_nonoverlapping(p.as_ptr(), base.add(off as usize), p.len());
+            crate::copy::copy(base.add(off as usize), p.as_ptr(), p.len(), stream);
         }
         k += 1;
     });

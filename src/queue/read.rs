@@ -336,6 +336,7 @@ impl Queue {
                         gen,
                         size: 0,
                         fresh: false,
+                        since_filled: 0,
                     };
                     match self.maps.get(self.name(), &h.slots, t) {
                         Ok(seg)
@@ -363,6 +364,7 @@ impl Queue {
                         gen,
                         size: 0,
                         fresh: false,
+                        since_filled: 0,
                     };
                     match self.maps.get(self.name(), &h.slots, t) {
                         Ok(seg) => out[i].side = Some(self.lease(idx, gen, seg, me)),

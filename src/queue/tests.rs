@@ -146,6 +146,53 @@ fn large_messages_reuse_pooled_segments() {
 }
 
 #[test]
+fn a_slot_says_how_much_the_queue_wrote_since_it_was_last_filled() {
+    // What chooses streaming stores for a copy (crate::copy): a fresh segment counts as
+    // just filled; a reused one, by the queue's bytes put since its last take.
+    let q = pooled(Some(8 << 20));
+    let h = q.hdr();
+    let me = q.party().unwrap();
+    let _g = q.lock_until(None).unwrap();
+    let t = h.slots.take(q.name(), 1 << 20, me, 5 << 20).unwrap();
+    assert!(t.fresh);
+    assert_eq!(t.since_filled, 0);
+    h.slots.give_back(t.idx, t.gen, me);
+    let again = h.slots.take(q.name(), 1 << 20, me, 25 << 20).unwrap();
+    assert_eq!((again.idx, again.fresh), (t.idx, false));
+    assert_eq!(again.since_filled, 20 << 20);
+    h.slots.give_back(again.idx, again.gen, me);
+    let soon_after = h.slots.take(q.name(), 1 << 20, me, 26 << 20).unwrap();
+    assert_eq!(soon_after.since_filled, 1 << 20);
+    assert!(!crate::copy::worth_streaming(
+        1 << 20,
+        soon_after.since_filled
+    ));
+    assert!(crate::copy::worth_streaming(1 << 20, again.since_filled));
+    h.slots.give_back(soon_after.idx, soon_after.gen, me);
+}
+
+#[test]
+fn bodies_copied_by_streaming_stores_arrive_whole() {
+    // A body of COLD_AFTER bytes or more streams whatever its slot; parts of odd lengths
+    // put the second part at an offset the streamed copy must align itself.
+    let q = pooled(Some(64 << 20));
+    let head = big(1001, 7);
+    let body = big(crate::copy::COLD_AFTER as usize + 5, 3);
+    for round in 0..3u64 {
+        q.put(round, 0, &[&head, &body], None).unwrap();
+        let mut c = q.claim(1, None).unwrap();
+        assert!(c[0].side.as_ref().unwrap().pooled());
+        for (k, want) in [(0, &head), (1, &body)] {
+            let len = c[0].parts[k].1 as usize;
+            // SAFETY: the claim is held.
+            let got = unsafe { std::slice::from_raw_parts(q.part_ptr(&c[0], k), len) };
+            assert_eq!(got, &want[..], "part {k} of message {round}");
+        }
+        q.release(&mut c);
+    }
+}
+
+#[test]
 fn a_held_view_keeps_its_slot() {
     let q = pooled(None);
     let a = big(30_000, 1);

@@ -60,7 +60,11 @@ impl Queue {
         }
         let mut side = None;
         if within_budget && body >= h.pool_min.load(Ordering::Relaxed) {
-            side = h.slots.take(self.name(), body, me).map(SideTo::Slot);
+            let written = h.total_bytes.load(Ordering::Relaxed);
+            side = h
+                .slots
+                .take(self.name(), body, me, written)
+                .map(SideTo::Slot);
         }
         if side.is_none() && large {
             // Tagged like the queue: it lives by the queue's token, not by its writer.
@@ -201,14 +205,15 @@ impl Queue {
         let outcome = match &res.side {
             None => {
                 // SAFETY: the record's body was reserved for exactly this layout.
-                unsafe { write_body(self.body_ptr(res.pos), parts) };
+                unsafe { write_body(self.body_ptr(res.pos), parts, false) };
                 Ok(())
             }
             Some(SideTo::Slot(t)) => match self.maps.get(self.name(), &self.hdr().slots, *t) {
                 Ok(seg) => {
+                    let stream = crate::copy::worth_streaming(body_len(parts), t.since_filled);
                     // SAFETY: the slot's segment holds at least `body_len(parts)` bytes
                     // (checked by SlotMaps::get) and is ours (BUSY, holder us) until commit.
-                    unsafe { write_body(seg.as_ptr(), parts) };
+                    unsafe { write_body(seg.as_ptr(), parts, stream) };
                     // BUSY(me) -> BUSY(0), only if repair did not take it from us.
                     if h.slots.hand_to_ring(t.idx, t.gen, me) {
                         Ok(())
@@ -223,8 +228,10 @@ impl Queue {
             },
             Some(SideTo::OneShot(name, len)) => {
                 Segment::create_named(name, *len as usize).map(|seg| {
+                    // A new segment: the kernel zeroed it just now (0 bytes since filled).
+                    let stream = crate::copy::worth_streaming(*len, 0);
                     // SAFETY: the new segment has `len = body_len(parts)` bytes, ours alone.
-                    unsafe { write_body(seg.as_ptr(), parts) };
+                    unsafe { write_body(seg.as_ptr(), parts, stream) };
                     // The reader attaches by name; our handle must not unlink it on drop.
                     seg.forget_name();
                 })
