@@ -98,6 +98,23 @@ def sleep_then_kill_self(delay: float) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def pattern(i: int, nbytes: int) -> bytes:
+    """``nbytes`` bytes that differ from message to message and from line to line."""
+    import numpy as np
+
+    return (
+        ((np.arange(nbytes, dtype=np.uint64) * 2654435761 + i * 40503) >> 11)
+        .astype(np.uint8)
+        .tobytes()
+    )
+
+
+def pattern_writer(q: Queue, n: int, nbytes: int) -> None:
+    """Sends ``n`` messages ``[header, pattern(i, nbytes)]`` with an odd-length header."""
+    for i in range(n):
+        q.put(i, 0, [b"h" * 1001, pattern(i, nbytes)])
+
+
 def array_writer(q: Queue, n: int, nbytes: int) -> None:
     """Sends ``n`` numpy arrays of ``nbytes`` whose every byte is ``i % 251`` (pickle 5)."""
     import pickle

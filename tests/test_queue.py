@@ -225,6 +225,27 @@ def test_large_messages_reuse_pooled_segments_and_held_views_stay_intact(method)
     assert not [f for f in os.listdir("/dev/shm") if f.startswith(name[1:])]
 
 
+def test_bodies_too_large_for_the_caches_arrive_whole_in_another_process():
+    # Bodies of 16 MiB or more are copied with streaming stores, which the writer fences
+    # before it commits: the reader, in another process, must see every byte of each.
+    nbytes, n = (16 << 20) + 5, 5
+    q = Queue(capacity_bytes=8 << 20, max_messages=64)
+    p = mp.get_context("fork").Process(target=qp.pattern_writer, args=(q, n, nbytes))
+    p.start()
+    try:
+        for i in range(n):
+            seq, _, parts = q.get(timeout=60)
+            assert seq == i and bytes(parts[0]) == b"h" * 1001
+            assert bytes(parts[1]) == qp.pattern(i, nbytes), f"message {i} differs"
+            del parts
+        p.join(30)
+        assert p.exitcode == 0
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
 def test_nonblocking_calls_timeouts_and_stdlib_exceptions():
     import queue
 
