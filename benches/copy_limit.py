@@ -16,6 +16,9 @@ median of five runs each. No runner can deliver arrays made this way faster than
 first figure; one whose results stay in flight in a large queue, not faster than the
 second. At 16 MiB it also prints the ceiling for results born in shared memory (the
 ``numpy_16mib_shm`` workload): each process only fills its destinations in turn, in place.
+The copies are numpy's, with the stores glibc's ``memcpy`` chooses for their size: where
+glibc uses ordinary stores but the queue streams into segments that left the caches
+(``src/copy.rs``), a runner can pass the "destinations in turn" figure.
 """
 
 from __future__ import annotations
