@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import multiprocessing as mp
 import os
@@ -9,6 +10,7 @@ import pickle
 import signal
 import threading
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -24,6 +26,18 @@ from easycore.errors import (
 )
 
 pytestmark = pytest.mark.timeout(240)
+
+
+@contextlib.contextmanager
+def _started(p: mp.process.BaseProcess) -> Iterator[None]:
+    """Starts process ``p``; on the way out, kills it if it still runs."""
+    p.start()
+    try:
+        yield
+    finally:
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 @pytest.mark.parametrize("method", ["fork", "spawn"])
@@ -193,10 +207,9 @@ def test_large_messages_reuse_pooled_segments_and_held_views_stay_intact(method)
     q = Queue(capacity_bytes=8 << 20, max_messages=64)
     cap = q.pool_bytes()[1]
     p = mp.get_context(method).Process(target=qp.array_writer, args=(q, n, nbytes))
-    p.start()
     held = {}
     names = set()
-    try:
+    with _started(p):
         for i in range(n):
             seq, _, parts = q.get(timeout=60)
             assert seq == i
@@ -210,10 +223,6 @@ def test_large_messages_reuse_pooled_segments_and_held_views_stay_intact(method)
             names |= {f for f in os.listdir("/dev/shm") if f.startswith(q.name[1:] + ".")}
         p.join(30)
         assert p.exitcode == 0
-    finally:
-        if p.is_alive():
-            p.kill()
-            p.join()
     for i, a in held.items():
         assert (a == i % 251).all(), f"held array {i} was written over"
     # 60 messages went through a handful of reused segments, not one segment each.
@@ -231,8 +240,7 @@ def test_bodies_too_large_for_the_caches_arrive_whole_in_another_process():
     nbytes, n = (16 << 20) + 5, 5
     q = Queue(capacity_bytes=8 << 20, max_messages=64)
     p = mp.get_context("fork").Process(target=qp.pattern_writer, args=(q, n, nbytes))
-    p.start()
-    try:
+    with _started(p):
         for i in range(n):
             seq, _, parts = q.get(timeout=60)
             assert seq == i and bytes(parts[0]) == b"h" * 1001
@@ -240,10 +248,6 @@ def test_bodies_too_large_for_the_caches_arrive_whole_in_another_process():
             del parts
         p.join(30)
         assert p.exitcode == 0
-    finally:
-        if p.is_alive():
-            p.kill()
-            p.join()
 
 
 def test_nonblocking_calls_timeouts_and_stdlib_exceptions():
