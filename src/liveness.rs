@@ -353,7 +353,7 @@ pub fn bury(id: Identity) -> bool {
 /// that watched it learns of the death at the same moment and probes or buries the same
 /// token, each holding its lock for a few system calls, so a single try can find it held by
 /// another of them, and each of them then leave the token behind. The lock is asked for again
-/// for up to [`LOCK_WAIT`].
+/// for up to `LOCK_WAIT`.
 pub fn bury_dead(id: Identity) -> bool {
     let Ok(c) = trust::c_path(&id.token_path()) else {
         return false;
