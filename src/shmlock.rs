@@ -9,7 +9,7 @@
 //! costs one spare wake-up, once.
 //!
 //! Waiting: spin briefly (pauses only: [`crate::spin`]), then sleep on the word in naps of at
-//! most [`NAP`], never past the caller's deadline ([`ShmLock::lock`] returns `None` then).
+//! most `NAP`, never past the caller's deadline ([`ShmLock::lock`] returns `None` then).
 //! After a nap that ends with the same holder, seen for a nap or more since it last asked,
 //! the waiter asks whether the holder's *registration* is alive (its token still current and
 //! its liveness token, kernel-vouched, see [`crate::liveness`], still held) and takes the lock

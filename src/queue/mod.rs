@@ -27,9 +27,9 @@
 //! `recover` (the crash model and repair).
 //!
 //! # Crash model
-//! Any process may die (or stop) between any two instructions. The lock ([`ShmLock`]) holds a
-//! party *token* (party number and the generation of its registration, [`parties`]); a
-//! waiter takes it over from a holder whose registration is dead (a compare-and-swap on the
+//! Any process may die (or stop) between any two instructions. The lock
+//! ([`crate::shmlock::ShmLock`]) holds a party *token* (party number and the generation of its
+//! registration, [`parties`]); a waiter takes it over from a holder whose registration is dead (a compare-and-swap on the
 //! very token it saw dead, so a number registered again since is never taken for its old
 //! owner) and then *repairs* the queue (`recover.rs` lists what each death leaves and how it
 //! is mended). A process judged dead that is in fact alive cannot undo a repair: its commits
