@@ -6,14 +6,15 @@
 //! times: the source read, the destination read, the destination written back. A streaming
 //! store writes whole lines without reading them; but into lines that are still cached it is
 //! slower than an ordinary store (the lines go out to memory, and the reader fetches them from
-//! there). On a 2-vCPU VM, copying 1 MiB into segments last written 40 messages before took
-//! 97–113 µs with ordinary stores and 68–81 with streaming ones; glibc's streaming copy into a
-//! segment still cached took 71 µs against 33. glibc's `memcpy` streams only copies larger than
-//! a threshold it derives from the cache size the CPU reports, which virtual machines often
-//! misreport (that VM reports 256 MiB of shared cache, so glibc streamed no copy below
-//! 192 MiB). So the queue decides per copy, by how much it has written since the destination
-//! was last filled ([`worth_streaming`]): a pooled segment reused while the reader keeps up is
-//! still cached, one that comes round again after dozens of results in flight is not.
+//! there). On a 2-vCPU VM, copying 1 MiB into segments last filled 40 messages before took
+//! 85–95 µs with ordinary stores and 61–63 with streaming ones (`benches/segment_reuse.py`);
+//! glibc's streaming copy into a buffer still cached took 71 µs against 33. glibc's `memcpy`
+//! streams only copies larger than a threshold it derives from the cache size the CPU
+//! reports, which virtual machines often misreport (that VM reports 256 MiB of shared cache,
+//! so glibc streamed no copy below 192 MiB). So the queue decides per copy, by how much it
+//! has written since the destination was last filled ([`worth_streaming`]): a pooled segment
+//! reused while the reader keeps up is still cached, one that comes round again after dozens
+//! of results in flight is not.
 //!
 //! Ordering: streaming stores are weakly ordered, so [`copy`] ends a streamed copy with a
 //! store fence: the body is visible to every process before any later store of the writer,
