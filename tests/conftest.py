@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 
 import pytest
@@ -12,6 +13,24 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))  # helper modules importable in spawned children
 
 SHM = "/dev/shm"
+
+# The threads that ran when this process last forked while it ran several: CPython 3.12+
+# warns ("multi-threaded, use of fork()") without naming them; the report below does.
+_FORKED_WITH: list[str] = []
+
+
+def _before_fork() -> None:
+    if threading.active_count() > 1:
+        _FORKED_WITH[:] = [t.name for t in threading.enumerate()]
+
+
+os.register_at_fork(before=_before_fork)
+
+
+def pytest_warning_recorded(warning_message, when, nodeid, location) -> None:
+    """Names the threads behind a fork-with-threads warning (in the test's output)."""
+    if "use of fork()" in str(warning_message.message) and _FORKED_WITH:
+        sys.stderr.write(f"\n{nodeid}: forked while these threads ran: {_FORKED_WITH}\n")
 
 
 def _segments() -> set[str]:
