@@ -29,16 +29,16 @@
 //! # Crash model
 //! Any process may die (or stop) between any two instructions. The lock
 //! ([`crate::shmlock::ShmLock`]) holds a party *token* (party number and the generation of its
-//! registration, [`parties`]); a waiter takes it over from a holder whose registration is dead (a compare-and-swap on the
-//! very token it saw dead, so a number registered again since is never taken for its old
-//! owner) and then *repairs* the queue (`recover.rs` lists what each death leaves and how it
-//! is mended). A process judged dead that is in fact alive cannot undo a repair: its commits
-//! and releases are compare-and-swaps on state words stamped with the record's position, so
-//! its `put` fails with [`CoreError::JudgedDead`] (nothing acknowledged is lost) instead of
-//! landing behind `read`, and its stale token makes it register afresh. Every wait, the lock's included, has a deadline, and callers that hold the
-//! Python GIL only ever *try* the lock: the slow path waits with the GIL released. The death
-//! of the queue's creator ends the queue: a waiter that finds it dead closes the queue, so
-//! a wait with no deadline ends too.
+//! registration, [`parties`]); a waiter takes it over from a holder whose registration is dead (a
+//! compare-and-swap on the very token it saw dead, so a number registered again since is never
+//! taken for its old owner) and then *repairs* the queue (`recover.rs` lists what each death leaves
+//! and how it is mended). A process judged dead that is in fact alive cannot undo a repair: its
+//! commits and releases are compare-and-swaps on state words stamped with the record's position, so
+//! its `put` fails with [`CoreError::JudgedDead`] (nothing acknowledged is lost) instead of landing
+//! behind `read`, and its stale token makes it register afresh. Every wait, the lock's included,
+//! has a deadline, and callers that hold the Python GIL only ever *try* the lock: the slow path
+//! waits with the GIL released. The death of the queue's creator ends the queue: a waiter that
+//! finds it dead closes the queue, so a wait with no deadline ends too.
 //!
 //! # Waiting
 //! Blocked readers wait on the futex word `data_seq`, bumped by every commit and by close;
