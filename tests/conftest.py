@@ -15,16 +15,37 @@ sys.path.insert(0, os.path.dirname(__file__))  # helper modules importable in sp
 SHM = "/dev/shm"
 
 # The threads that ran when this process last forked while it ran several: CPython 3.12+
-# warns ("multi-threaded, use of fork()") without naming them; the report below does.
+# warns ("multi-threaded, use of fork()") without naming them; the report below does. It
+# looks before the fork (Python threads, and the OS threads by name) and right after it in
+# the parent (a Python thread that appeared meanwhile).
 _FORKED_WITH: list[str] = []
 
 
+def _os_threads() -> list[str]:
+    names = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                names.append(f.read().strip())
+        except OSError:
+            pass
+    return names
+
+
 def _before_fork() -> None:
+    _FORKED_WITH.clear()
+    python = [t.name for t in threading.enumerate()]
+    native = _os_threads() if os.path.isdir("/proc/self/task") else []
+    if len(python) > 1 or len(native) > 1:
+        _FORKED_WITH[:] = [f"before: python {python}, os {native}"]
+
+
+def _after_fork_in_parent() -> None:
     if threading.active_count() > 1:
-        _FORKED_WITH[:] = [t.name for t in threading.enumerate()]
+        _FORKED_WITH.append(f"after: python {[t.name for t in threading.enumerate()]}")
 
 
-os.register_at_fork(before=_before_fork)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 def pytest_warning_recorded(warning_message, when, nodeid, location) -> None:
