@@ -12,6 +12,7 @@ import pickle
 import sys
 import threading
 import time
+import warnings
 import weakref
 from concurrent.futures import BrokenExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -209,14 +210,26 @@ def test_work_queued_on_a_dropped_pool_fails_instead_of_waiting_forever() -> Non
     time.sleep(1.5)  # idle: its stream ends, the service thread holds it weakly
     res = pool.apply_async(pd.square, (3,))
     fut = pool.submit(pd.square, 4)
-    with pytest.warns(ResourceWarning, match="unclosed running multiprocessing pool"):
+    ref = weakref.ref(pool)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         del pool
         gc.collect()
-    for get in (res.get, fut.result):
-        try:
-            assert get(timeout=60) in (9, 16)
-        except PoolClosedError as e:
-            assert "garbage-collected while work was pending" in str(e)
+        collected = ref() is None
+        for get in (res.get, fut.result):
+            try:
+                assert get(timeout=60) in (9, 16)
+            except PoolClosedError as e:
+                assert collected, "only a collected pool fails its work"
+                assert "garbage-collected while work was pending" in str(e)
+        # A pool the work held is collected once its service thread holds it weakly again.
+        deadline = time.monotonic() + 60
+        while ref() is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            gc.collect()
+        assert ref() is None, "the pool was never collected"
+    said = [w for w in caught if issubclass(w.category, ResourceWarning)]
+    assert any("unclosed running multiprocessing pool" in str(w.message) for w in said)
 
 
 def test_a_dropped_executor_finishes_its_pending_futures() -> None:
