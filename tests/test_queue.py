@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import glob
 import multiprocessing as mp
 import os
 import pickle
@@ -15,7 +16,7 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 import queue_procs as qp
-from easycore._core import Queue, ShmBuffer, shm_space, sweep_stale_segments
+from easycore._core import Queue, ShmBuffer, retire_identity, shm_space, sweep_stale_segments
 from easycore.errors import (
     EasycoreError,
     InvalidArgument,
@@ -360,6 +361,9 @@ def test_two_hundred_live_processes_share_one_queue():
                     os.read(r, 1)  # returns once the parent closes its end: all alive at once
                     code = 0
                 finally:
+                    # os._exit skips the exit hook that removes the child's liveness token
+                    # (easycore's own forked children retire it so, too).
+                    retire_identity()
                     os._exit(code)
             pids.append(pid)
         got = []
@@ -376,6 +380,8 @@ def test_two_hundred_live_processes_share_one_queue():
     assert sorted(seq for seq, _, _ in got) == list(range(n))
     assert all(parts[0] == b"from %d" % seq for seq, _, parts in got)
     q.audit()
+    left = [t for p in pids for t in glob.glob(f"/dev/shm/ec.{p}-*.live")]
+    assert not left, f"{len(left)} children left their liveness token, e.g. {left[0]}"
 
 
 @pytest.mark.timeout(120)
