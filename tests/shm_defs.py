@@ -156,3 +156,8 @@ class HeldResults(UnorderedRunner):
 def shm_sized(item):
     """``ShmSized.producer_work`` as a function, for a pool."""
     return ShmSized.producer_work("cpu", None, item)
+
+
+def stamped(i, nbytes):
+    """A fresh (private) array of ``nbytes`` stamped with ``i``: a large result copied once."""
+    return np.full(nbytes, i % 251, np.uint8)

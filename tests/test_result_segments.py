@@ -4,6 +4,7 @@ runner (their segments go back to the pool as soon as the consumer drops them)."
 
 from __future__ import annotations
 
+import collections
 import time
 
 import pytest
@@ -123,3 +124,32 @@ def test_the_window_holds_what_the_output_pool_has_segments_for(result_bytes, ex
     finally:
         q.close()
         q.unlink()
+
+
+def test_a_pool_reads_its_input_for_large_results_a_quarter_window_at_a_time(monkeypatch):
+    # Each 1 MiB result is a batch of its own. The engine's input thread asked the pool's
+    # feed for a run each time a result or two had been handed out: the scheduler's lock,
+    # a segment, its settling and often a wake-up, for every two results. Once the sizes
+    # are known, it waits until a quarter of the window is free and reads that much at once.
+    import functools
+
+    from easycore.parallel import Pool
+    from easycore.parallel.feed import Feed
+
+    runs = collections.Counter()
+    next_run = Feed.next_run
+
+    def counted(self, limit, got):
+        run = next_run(self, limit, got)
+        runs["runs"] += run is not None
+        return run
+
+    monkeypatch.setattr(Feed, "next_run", counted)
+    work = functools.partial(sd.stamped, nbytes=1 << 20)
+    n = 200
+    with Pool(2) as p:
+        assert sum(1 for _ in p.imap_unordered(work, iter(range(64)))) == 64  # sizes learned
+        runs.clear()
+        seen = sorted(int(a[0]) for a in p.imap_unordered(work, iter(range(n))))
+    assert seen == sorted(i % 251 for i in range(n))
+    assert runs["runs"] <= n // 4, f"{runs['runs']} runs for {n} results"

@@ -125,10 +125,13 @@ class InputSide:
         self.reader_done = self.seq_data is not None
         self.pack = pack
         self.runs = runs
+        self.runs_costly = runs is not None and runs.costly  # see reader._room
         # The reader is inside a list.extend of a run: the receiving thread, wanting each
         # item as it comes, must cut the run (set before the reader looks at attention).
         self.bulk = False
         self.reader_waiting = False
+        # While it waits: the delivered count that gives it the room it waits for.
+        self.reader_wake_at = 0
         self.receiver_waiting = False
         # receiver_waiting or abort: the reader's one check per item
         self.attention = Flag()
@@ -243,7 +246,7 @@ class InputSide:
     def delivered_chunk(self, count: int) -> None:
         """``count`` input items were handed out: room for the reader."""
         self.delivered += count
-        if self.reader_waiting:  # (wake_reader, inline: once per result message)
+        if self.reader_waiting and self.delivered >= self.reader_wake_at:
             with self.cond:
                 self.cond.notify_all()
 
@@ -266,12 +269,6 @@ class InputSide:
             reader.join(TICK)
 
     # ----- reading: in the receiving thread, and what the input thread calls -----
-
-    def wake_reader(self) -> None:
-        """The reader may wait for room: wake it (room was made)."""
-        if self.reader_waiting:
-            with self.cond:
-                self.cond.notify_all()
 
     def read_and_send(self) -> bool:
         """Reads the next input item in the receiving thread (``read_ahead=False``, or while

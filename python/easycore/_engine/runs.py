@@ -30,6 +30,10 @@ class RunSource(Protocol):
     """An input read run by run (a runner's: :class:`IteratorRuns`; the pool's feed:
     ``easycore.parallel.feed.Feed``)."""
 
+    #: Whether a run costs far more than its items (a wake-up, a lock, bookkeeping): then the
+    #: input thread reads large items a quarter of the window at a time (``reader._room``).
+    costly: bool
+
     def next_run(self, limit: int, got: int | None) -> Iterable[Any] | None:
         """The next run (at most ``limit`` items), waiting for one; None at the end.
         ``got``: how many items the previous run gave (None: there was none, or it raised
@@ -107,6 +111,7 @@ class IteratorRuns:
     """
 
     __slots__ = ("_it", "_gate", "_n", "_over")
+    costly = False  # a run is a gate and a zip: items come as cheaply one run or many
 
     def __init__(self, it: Iterator[Any]) -> None:
         self._it = it

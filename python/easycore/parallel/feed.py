@@ -132,6 +132,10 @@ class Feed:
     iterated by the engine's input thread, :meth:`pack` called by its sender. Ends when the
     stream is replaced or the pool closes."""
 
+    # A run takes the scheduler's lock, a job's turn, a segment and its settling (and often a
+    # wake-up): the engine reads large items a quarter of its window at a time.
+    costly = True
+
     def __init__(self, scheduler: WorkSource, generation: int) -> None:
         self.scheduler = scheduler
         self.generation = generation
