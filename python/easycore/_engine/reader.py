@@ -17,9 +17,9 @@ def _room(side: InputSide, ahead: int) -> tuple[int, int]:
     """Items the reader may read now (``ahead``: read and not yet delivered), and the least
     room worth waking it for. Within the window, a few batches at a time, so that the room
     is weighed again as the sizes of items and results become known (large items are held
-    to a few). (Holding the reader to two batches beyond what the
-    sender took was tried: under the GIL it then waits for the GIL to refill, and the
-    runners lost a third of their speed on tiny items.)
+    to a few). (Holding the reader to two batches beyond what the sender took was tried:
+    under the GIL it then waits for the GIL to refill, and the runners lost a third of
+    their speed on tiny items.)
 
     From a source whose runs are costly (the pool's feed), once those sizes and the cost per
     item are known, a window of many small batches (large results: one item each) is read a
