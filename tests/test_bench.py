@@ -249,6 +249,45 @@ def test_hung_system_times_out_and_is_killed(
     assert row(data, "tiny_unordered", "reference")["status"] == "ok"  # the run went on
 
 
+@pytest.mark.timeout(200)
+def test_sigterm_stops_the_run_and_prints_what_was_measured(tmp_path: Path) -> None:
+    # `timeout`, or a batch scheduler's notice, sends SIGTERM: the run died without printing
+    # anything (the tables come at the end). It now stops as Ctrl-C does.
+    out = tmp_path / "bench.json"
+    args = ["--workloads", "tiny_unordered", "--items", "20", "--json", str(out)]
+    args += ["--systems", "reference,hang_for_test", "--repeats", "1", "--memcpy-mib", "8"]
+    driver = (
+        "import sys; sys.path.insert(0, 'tests'); import test_bench as t; "
+        "from easycore.bench import cli, systems; "
+        "systems.register_system(t.HangingSystem()); "
+        f"sys.exit(cli.main({args!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # progress: one line as each measurement starts
+            if "[2/2]" in line:
+                break
+        time.sleep(0.5)  # inside the hanging call
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, stdout + stderr
+    assert "interrupted: the table shows what was measured" in stdout, stdout + stderr
+    data = load(out)
+    assert row(data, "tiny_unordered", "reference")["status"] == "ok"
+    assert row(data, "tiny_unordered", "hang_for_test")["status"] == "interrupted"
+
+
 def test_user_runner(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "bench.json"
     rc = main(

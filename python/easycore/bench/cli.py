@@ -19,6 +19,7 @@ import importlib
 import itertools
 import os
 import re
+import signal
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -297,7 +298,10 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Workload], dict[str, 
         job = make_job(w, devices, n, user_runner)
         by_key: dict[str, Row] = {}
         for key, rnd in ((k, r) for r in range(rounds) for k in system_keys):
-            row = _measure(w, key, job, n, repeats, devices, timeout, progress, interrupted)
+            try:
+                row = _measure(w, key, job, n, repeats, devices, timeout, progress, interrupted)
+            except KeyboardInterrupt:  # outside the measurement itself: the rest is skipped
+                row = _row(w, key, SYSTEMS[key].label(job), "interrupted")
             if row.status == "interrupted":
                 interrupted = True
             if rnd == 0:
@@ -412,12 +416,30 @@ def describe(system: System) -> str:
     return re.sub(r":\w+:`([^`]*)`", r"\1", line).replace("``", "")
 
 
+def _raise_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _sigterm_as_ctrl_c() -> Any:
+    """Makes SIGTERM end the run as Ctrl-C does (the measurement in progress is stopped, the
+    table of what was measured printed), where SIGTERM has its default disposition and this
+    is the main thread; returns the disposition to restore, or None. A run stopped by
+    ``timeout`` or a batch scheduler printed nothing: the tables come at the end."""
+    try:
+        if signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+            return None
+        return signal.signal(signal.SIGTERM, _raise_interrupt)
+    except ValueError:  # not the main thread
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m easycore.bench`` and ``easycore-bench``.
 
     Returns:
         0 when every result was verified, 1 when a system was wrong, failed or timed out,
-        130 when interrupted (Ctrl-C); the table is printed in every case.
+        130 when interrupted (Ctrl-C, or SIGTERM: ``timeout``, a batch scheduler's notice);
+        the table is printed in every case.
     """
     argv = sys.argv[1:] if argv is None else argv
     if "--backend" in argv or any(a.startswith("--backend=") for a in argv):
@@ -434,11 +456,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"system   {key:<20} {describe(s)}{note}")
         return 0
     t0 = time.perf_counter()
+    previous = _sigterm_as_ctrl_c()
     try:
         rows, workloads, settings, interrupted = run(args)
     except KeyboardInterrupt:  # before any measurement started
         print("\ninterrupted", file=sys.stderr)
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
     settings["wall_s"] = time.perf_counter() - t0
     machine = report.machine_info()
     info = workload_info(workloads, rows)
@@ -446,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.sweep:
         print(report.format_sweep(rows, info, settings))
     if interrupted:
-        print("interrupted: the table shows what was measured before Ctrl-C")
+        print("interrupted: the table shows what was measured before Ctrl-C (or SIGTERM)")
     if args.json:
         report.write_json(args.json, report.to_json(rows, info, machine, settings))
     if args.plot:
