@@ -49,6 +49,12 @@ class Sizing:
         """Producer seconds per item that batches are sized by (0: not known yet)."""
         return self.learned.cost_per_item if self.cost is None else self.cost()
 
+    def sized(self) -> bool:
+        """Whether the sizes of items or results, and their cost, are known: the window
+        (:meth:`window_now`) and the batches (:meth:`batch_size`) then count them."""
+        known = self.bytes_per_item > 0 or self.learned.out_bytes_per_item > 0
+        return known and self.cost_now() > 0
+
     def batch_size(self) -> int:
         """Items per batch: about 4 ms of producer work, within the byte bound and
         ``max_batch``; 1 while the cost is not known."""

@@ -125,7 +125,6 @@ class InputSide:
         self.reader_done = self.seq_data is not None
         self.pack = pack
         self.runs = runs
-        self.runs_costly = runs is not None and runs.costly  # see reader._room
         # The reader is inside a list.extend of a run: the receiving thread, wanting each
         # item as it comes, must cut the run (set before the reader looks at attention).
         self.bulk = False

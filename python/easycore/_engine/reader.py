@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from easycore._engine.batching import Sizing
 from easycore._engine.input_side import InputSide
 from easycore._engine.lifecycle import TICK
 from easycore._engine.runs import after_first
@@ -33,15 +32,10 @@ def _room(side: InputSide, ahead: int) -> tuple[int, int]:
     room = window - ahead
     run = 2 * sizing.batch_size()
     quarter = window >> 2
-    if run >= quarter or not side.runs_costly or not _sizes_known(sizing):
+    runs = side.runs
+    if run >= quarter or runs is None or not runs.costly or not sizing.sized():
         return (room if room < run else run), 1
     return (room if room < quarter else quarter), (quarter if ahead > 0 else 1)
-
-
-def _sizes_known(sizing: Sizing) -> bool:
-    """Whether the window already counts the sizes of items or results and their cost."""
-    sized = sizing.bytes_per_item > 0 or sizing.learned.out_bytes_per_item > 0
-    return sized and sizing.cost_now() > 0
 
 
 def _wait_for_room(side: InputSide, read: int) -> int:
