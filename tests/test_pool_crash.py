@@ -3,6 +3,8 @@ instants while several threads use the pool (see tests/pool_kill_torture.py)."""
 
 from __future__ import annotations
 
+import time
+
 import pool_kill_torture
 import pytest
 
@@ -27,3 +29,49 @@ def test_workers_killed_at_random_while_they_are_recycled():
     assert out.problems == []
     assert out.rounds == 8
     print(f"recycled: ok {out.ok}, died {out.died}")
+
+
+@pytest.mark.timeout(300)
+def test_a_worker_killed_while_large_results_stream_fails_the_call_cleanly():
+    # 1 MiB results: the stream's input thread reads the generator a quarter window at a
+    # time and waits, between reads, for that much room. A worker SIGKILLed at a random
+    # instant of such a call must leave every call either whole or failed with
+    # WorkerDiedError (nothing hung, wrong, lost or duplicated), and the next call whole.
+    import functools
+    import os
+    import random
+    import signal
+    import threading
+
+    import shm_defs as sd
+    from easycore.errors import WorkerDiedError
+    from easycore.parallel import Pool
+
+    rng = random.Random(7)
+    work = functools.partial(sd.stamped, nbytes=1 << 20)
+    n = 240
+    want = sorted(i % 251 for i in range(n))
+    outcomes = []
+    for _ in range(8):
+        with Pool(2) as p:
+            list(p.imap_unordered(work, iter(range(64))))  # sizes learned: quarter reads
+            victim = rng.choice([w.pid for w in p.worker_processes()])
+            got: list = []
+
+            def call(p=p, got=got):
+                try:
+                    got.append(sorted(int(a[0]) for a in p.imap_unordered(work, iter(range(n)))))
+                except WorkerDiedError:
+                    got.append("died")
+
+            t = threading.Thread(target=call, daemon=True)
+            t.start()
+            time.sleep(rng.uniform(0.0, 0.06))
+            os.kill(victim, signal.SIGKILL)
+            t.join(120)
+            assert not t.is_alive(), "the call hung after its worker was killed"
+            assert got and got[0] in ("died", want), got[:1]
+            outcomes.append(got[0] == "died")
+            again = sorted(int(a[0]) for a in p.imap_unordered(work, iter(range(50))))
+            assert again == sorted(i % 251 for i in range(50))
+    print(f"large results: ok {outcomes.count(False)}, died {outcomes.count(True)}")
