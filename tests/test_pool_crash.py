@@ -55,7 +55,7 @@ def test_a_worker_killed_while_large_results_stream_fails_the_call_cleanly():
     for _ in range(8):
         with Pool(2) as p:
             list(p.imap_unordered(work, iter(range(64))))  # sizes learned: quarter reads
-            victim = rng.choice([w.pid for w in p.worker_processes()])
+            victim = rng.choice(p.worker_processes())
             got: list = []
 
             def call(p=p, got=got):
@@ -67,9 +67,13 @@ def test_a_worker_killed_while_large_results_stream_fails_the_call_cleanly():
             t = threading.Thread(target=call, daemon=True)
             t.start()
             time.sleep(rng.uniform(0.0, 0.06))
-            os.kill(victim, signal.SIGKILL)
+            os.kill(victim.pid, signal.SIGKILL)
             t.join(120)
             assert not t.is_alive(), "the call hung after its worker was killed"
+            # Once the victim is dead, no later call can lose work with it (a call made while
+            # it is still dying may fail with it, as documented).
+            victim.join(60)
+            assert not victim.is_alive()
             assert got and got[0] in ("died", want), got[:1]
             outcomes.append(got[0] == "died")
             again = sorted(int(a[0]) for a in p.imap_unordered(work, iter(range(50))))
