@@ -188,3 +188,30 @@ def test_a_batch_timed_as_a_whole_is_one_entry_naming_its_items():
     ]
     assert "items 100..163 (producer 1)" in str(stats.slowest[1])
     assert "item 4 (producer 1)" in str(stats.slowest[0])
+
+
+def test_the_bottleneck_of_large_copied_results_is_their_sending():
+    # 2 producers, 1,000 results of 1 MiB in 1 s: producer_work took 20 % of their time,
+    # waiting on the queues 10 %, the rest (copying the results into shared memory) is
+    # theirs to send: the reading says so, and how to avoid the copy.
+    from easycore._engine.stats import RunnerStats
+
+    def stats(per_result: int, waits: float) -> RunnerStats:
+        return RunnerStats(
+            items=1000,
+            bytes_out=1000 * per_result,
+            wall_s=1.0,
+            producer_busy_s={0: 0.2, 1: 0.2},
+            producer_wait_s={0: waits, 1: waits},
+        )
+
+    reading = stats(1 << 20, 0.1).bottleneck()
+    assert reading.startswith("sending the results: each is 1.00 MiB"), reading
+    assert "70%" in reading and "20% in producer_work" in reading, reading
+    assert "easycore.shm.empty" in reading, reading
+    # Small results: the runner's cost per item, as before.
+    assert stats(100, 0.1).bottleneck().startswith("per-item overhead"), stats(100, 0.1)
+    # Producers that mostly waited (on the consumer) are not slowed by sending.
+    assert not stats(1 << 20, 0.6).bottleneck().startswith("sending"), stats(1 << 20, 0.6)
+    # Waits not measured (Ray's actors report none): no reading from them.
+    assert not stats(1 << 20, 0.0).bottleneck().startswith("sending"), stats(1 << 20, 0.0)

@@ -251,6 +251,22 @@ def test_bodies_too_large_for_the_caches_arrive_whole_in_another_process():
         assert p.exitcode == 0
 
 
+def test_wait_seconds_count_waits_not_copies():
+    # A producer's stats split its time into its work and its waits on the queues (for work,
+    # for room): a large put that finds room at once waited for nothing, however long its
+    # copy took, and a get that finds its message at once neither.
+    q = Queue(capacity_bytes=1 << 20, max_messages=8)
+    q.put(1, 0, [np.ones(32 << 20, np.uint8)])
+    assert q.wait_seconds == 0.0
+    seq, _, parts = q.get(timeout=10)
+    assert seq == 1 and len(parts[0]) == 32 << 20
+    del parts
+    assert q.wait_seconds == 0.0
+    with pytest.raises(QueueEmpty):
+        q.get(timeout=0.05)
+    assert q.wait_seconds > 0.0  # a wait: counted
+
+
 def test_nonblocking_calls_timeouts_and_stdlib_exceptions():
     import queue
 

@@ -20,7 +20,7 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -36,7 +36,6 @@ const TAKE_SMALL_LIMIT: u64 = 8 << 10;
 #[pyclass(module = "easycore._core", name = "Queue", frozen)]
 pub struct PyQueue {
     q: Queue,
-    wait_ns: AtomicU64,
     /// Messages this handle took from the queue but could not hand to Python (building the
     /// objects failed: MemoryError): served first by the next `get`/`get_many`, so that a
     /// failed call loses nothing. Claims here stay claimed (their records READING).
@@ -157,7 +156,6 @@ impl PyQueue {
     fn over(q: Queue) -> Self {
         PyQueue {
             q,
-            wait_ns: AtomicU64::new(0),
             pending: Mutex::new(VecDeque::new()),
             has_pending: AtomicBool::new(false),
         }
@@ -240,11 +238,6 @@ impl PyQueue {
         new_list(py, &msgs).inspect_err(|_| self.stash_ready(msgs.clone()))
     }
 
-    fn record_wait(&self, since: Instant) {
-        self.wait_ns
-            .fetch_add(since.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
-
     fn put_all(
         &self,
         py: Python<'_>,
@@ -269,8 +262,7 @@ impl PyQueue {
             }
         }
         let deadline = deadline(block, timeout)?;
-        let start = Instant::now();
-        let result = loop {
+        loop {
             let t = tick(deadline);
             let rest = &msgs[done..];
             match detach(py, || self.q.put_many(rest, Some(t))) {
@@ -298,9 +290,7 @@ impl PyQueue {
             if let Err(e) = py.check_signals() {
                 break Err(with_count(py, e, done));
             }
-        };
-        self.record_wait(start);
-        result
+        }
     }
 
     /// Puts one message whose `matched` parts lie in leases of this queue: those travel by
@@ -322,7 +312,6 @@ impl PyQueue {
         }
         let refs: Vec<_> = matched.iter().map(|m| m.entry).collect();
         let deadline = deadline(block, timeout)?;
-        let start = Instant::now();
         let result = loop {
             let t = tick(deadline);
             match detach(py, || self.q.put_refs(seq, kind, &parts, &refs, Some(t))) {
@@ -339,7 +328,6 @@ impl PyQueue {
                 break Err(with_count(py, e, 0));
             }
         };
-        self.record_wait(start);
         if result.as_ref().is_ok_and(|&sent| sent) {
             for m in matched {
                 m.sent();
@@ -361,8 +349,7 @@ impl PyQueue {
             Err(CoreError::Busy { .. }) => return Err(to_py(py, CoreError::Empty)),
             Err(e) => return Err(to_py(py, e)),
         }
-        let start = Instant::now();
-        let result = loop {
+        loop {
             let t = tick(deadline);
             match detach(py, || self.q.claim(max, Some(t))) {
                 Ok(c) => break Ok(c),
@@ -375,9 +362,7 @@ impl PyQueue {
             if let Err(e) = py.check_signals() {
                 break Err(e);
             }
-        };
-        self.record_wait(start);
-        result
+        }
     }
 
     /// The fast path of `get`: copies the next message out and releases it under one lock
@@ -578,10 +563,11 @@ impl PyQueue {
         self.q.is_closed()
     }
 
-    /// Seconds this handle spent blocked in put/get.
+    /// Seconds this handle's calls waited for a message or for room (not the time their
+    /// copies took).
     #[getter]
     fn wait_seconds(&self) -> f64 {
-        self.wait_ns.load(Ordering::Relaxed) as f64 * 1e-9
+        self.q.waited().as_secs_f64()
     }
 
     /// `(bytes, cap)`: bytes of pooled side segments kept for reuse now, and the most kept.
@@ -762,13 +748,12 @@ impl PyQueue {
         }
         // The deadline, computed on first need: a get served at once never reads the clock.
         let mut d: Option<Option<Instant>> = None;
-        let mut waited: Option<Instant> = None;
         // The readers' wake-up word is read only after a miss (then the queue is looked at
         // once more before sleeping), so a get served at once touches one cache line less.
         let mut stamp = None;
         // How the last wait ended, settled by the look that follows it (Queue::settle_read_spin).
         let mut how = Waited::Woke;
-        let result = loop {
+        loop {
             let took = self.take_small(py);
             let got = !matches!(took, Ok(Small::Empty));
             self.q
@@ -798,17 +783,12 @@ impl PyQueue {
             if expired(d) {
                 break Err(to_py(py, CoreError::Empty));
             }
-            waited.get_or_insert_with(Instant::now);
             let t = tick(d);
             how = detach(py, || self.q.wait_readable(seen, Some(t)));
             if let Err(e) = py.check_signals() {
                 break Err(e);
             }
-        };
-        if let Some(since) = waited {
-            self.record_wait(since);
         }
-        result
     }
 
     /// Gets between 1 and `max_messages` messages (blocking only for the first).

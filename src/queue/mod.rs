@@ -148,6 +148,10 @@ pub struct Queue {
     spin: Duration,
     /// Whether this handle's waits spin first, readers' and writers' ([`crate::spin`]).
     spin_policy: [SpinPolicy; 2],
+    /// Nanoseconds this handle's calls spent in [`Queue::wait_for`] (spinning or asleep):
+    /// waits for a message or for room only, never the copies a put or get makes (a
+    /// producer's stats tell its waits from its own work by it). Only added to.
+    waited_ns: AtomicU64,
     /// This process's mappings of slot segments.
     maps: SlotMaps,
     /// `pid << 32 | token`: this process's party in the queue, registered on first use, in
@@ -238,6 +242,7 @@ impl Queue {
             ring_size: ring,
             spin: Duration::from_micros(20),
             spin_policy: Default::default(),
+            waited_ns: AtomicU64::new(0),
             maps: SlotMaps::default(),
             me: AtomicU64::new(0),
             deferred: std::sync::Mutex::new(Vec::new()),
@@ -553,6 +558,12 @@ impl Queue {
         self.hdr().slots.grow_cap(cap)
     }
 
+    /// How long this handle's calls waited for a message or for room so far (spinning or
+    /// asleep): not the time their copies took.
+    pub fn waited(&self) -> Duration {
+        Duration::from_nanos(self.waited_ns.load(Ordering::Relaxed))
+    }
+
     /// A stamp of the readers' wake-up word: read it *before* looking for a message, then
     /// pass it to [`Queue::wait_readable`] if none was there.
     pub fn data_stamp(&self) -> u32 {
@@ -622,6 +633,22 @@ impl Queue {
         deadline: Option<Instant>,
     ) -> Waited {
         let start = Instant::now();
+        let waited = self.spin_or_sleep(word, waiting, side, seen, deadline, start);
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.waited_ns.fetch_add(ns, Ordering::Relaxed);
+        waited
+    }
+
+    /// [`Queue::wait_for`]'s wait, begun at `start`.
+    fn spin_or_sleep(
+        &self,
+        word: &AtomicU32,
+        waiting: &AtomicU32,
+        side: Side,
+        seen: u32,
+        deadline: Option<Instant>,
+        start: Instant,
+    ) -> Waited {
         let past = |now: Instant| deadline.is_some_and(|d| now >= d);
         if past(start) {
             return Waited::TimedOut;

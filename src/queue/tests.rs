@@ -96,6 +96,27 @@ fn oversized_messages_use_side_segments() {
     assert!(Segment::attach(side.name()).is_err());
 }
 
+#[test]
+fn waited_counts_the_waits_for_room_and_messages_not_the_copies() {
+    let q = small(8192);
+    let big = vec![7u8; 8 << 20];
+    q.put(1, 0, &[&big], None).unwrap(); // room at once: its copy is no wait
+    assert_eq!(get(&q, None).unwrap().0, 1);
+    assert_eq!(q.waited(), Duration::ZERO);
+    let soon = Instant::now() + Duration::from_millis(20);
+    assert!(matches!(get(&q, Some(soon)), Err(CoreError::Empty)));
+    let after_get = q.waited();
+    assert!(after_get > Duration::ZERO, "the empty queue was waited on");
+    // A full ring: the put waits for room until its deadline.
+    while q.put(0, 0, &[&[1u8; 1000]], Some(Instant::now())).is_ok() {}
+    let soon = Instant::now() + Duration::from_millis(20);
+    assert!(matches!(
+        q.put(9, 0, &[b"x"], Some(soon)),
+        Err(CoreError::Full)
+    ));
+    assert!(q.waited() > after_get, "the full ring was waited on");
+}
+
 /// A queue with a 64 KiB ring (16 KiB inline at most) and a pool of `pool` bytes.
 fn pooled(pool: Option<u64>) -> Queue {
     Queue::create(&QueueConfig {

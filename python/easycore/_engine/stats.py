@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 
 from easycore._engine.insights import SlowTask, summary
 
+LARGE_RESULT_BYTES = 64 << 10
+"""Results of at least this many bytes each (on average) are large for
+:meth:`RunnerStats.bottleneck`: their transfer, not the runner's cost per item, may set the
+pace."""
+
 
 @dataclass
 class RunnerStats:
@@ -84,6 +89,20 @@ class RunnerStats:
                 f"for {self.input_wait_s / self.wall_s:.0%} of the call)"
             )
         if self.items and util < 0.5:
+            per_result = self.bytes_out / self.items
+            waited = sum(self.producer_wait_s.values()) / (n * self.wall_s)
+            # Neither in producer_work nor waiting on the queues: the producers' own part of
+            # the transfer. Only where waits are measured (local producers; Ray's actors
+            # report none).
+            own = 1.0 - util - waited
+            if per_result >= LARGE_RESULT_BYTES and waited > 0 and own > max(util, waited):
+                return (
+                    f"sending the results: each is {per_result / (1 << 20):.2f} MiB, and the "
+                    f"producers spend {own:.0%} of the call sending them (pickling, copying "
+                    f"into shared memory) against {util:.0%} in producer_work; build them in "
+                    "shared memory (easycore.shm.empty, easycore.torch.shm.empty) so that they "
+                    "travel by reference, not copied"
+                )
             per_item_us = 1e6 * busy / self.items
             return (
                 f"per-item overhead: each item takes {per_item_us:.1f} µs of producer_work, "
