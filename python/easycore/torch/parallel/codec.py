@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from easycore._engine.wire import Codec
+from easycore._engine.wire import Codec, reduce_array
 
 _VIEW_AS = {
     torch.bfloat16: torch.int16,
@@ -115,6 +115,12 @@ _DISPATCH[torch.Tensor] = _reduce_tensor
 _DISPATCH[torch.nn.Parameter] = _reduce_tensor
 _DISPATCH[torch.storage.TypedStorage] = _reduce_storage
 _DISPATCH[torch.storage.UntypedStorage] = _reduce_storage
+try:  # a tensor travels as a numpy view of its memory (_reduce_tensor): as wire's arrays do
+    import numpy
+
+    _DISPATCH[numpy.ndarray] = reduce_array
+except ImportError:  # no numpy: _reduce_tensor sends tensors by torch's own reduction
+    pass
 
 
 class TorchCodec(Codec):
