@@ -13,7 +13,9 @@ of a quarter of ``--items``, then ``--calls`` calls of ``--items``; the CPU time
 thread alive at the end (``/proc/self/task``, named by ``threading``; ``?``: one it does not
 list) and of the whole
 process (``os.times``: threads that ended during the calls too) is divided by the results.
-On a machine whose cores are all busy, the caller's CPU per result bounds the throughput.
+The CPU time of the caller's child processes (its producers or workers, from
+``/proc``) per result follows. On a machine whose cores are all busy, the CPU per result of
+both sides bounds the throughput.
 """
 
 from __future__ import annotations
@@ -42,6 +44,27 @@ def _threads_cpu() -> dict[tuple[int, str], float]:
     return out
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's live child processes so far (``/proc``)."""
+    me = os.getpid()
+    pids: list[str] = []
+    for tid in os.listdir(f"/proc/{me}/task"):
+        try:
+            with open(f"/proc/{me}/task/{tid}/children") as f:
+                pids += f.read().split()
+        except OSError:
+            pass
+    ticks = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            ticks += int(fields[11]) + int(fields[12])
+        except OSError:
+            pass
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def main() -> None:
     """Parses the arguments and prints one line per system (see the module)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -57,17 +80,22 @@ def main() -> None:
     for key in args.systems.split(","):
         with S.SYSTEMS[key].session(job) as call:
             call(w.make_data(max(1, args.items // 4)))
+            k0 = _children_cpu()
             before, c0, t0 = _threads_cpu(), os.times(), time.perf_counter()
             for _ in range(args.calls):
                 call(w.make_data(args.items))
             dt, c1, after = time.perf_counter() - t0, os.times(), _threads_cpu()
+            workers = (_children_cpu() - k0) / n * 1e6
         per: dict[str, float] = {}
         for k, v in after.items():
             per[k[1]] = per.get(k[1], 0.0) + v - before.get(k, 0.0)
         total = (c1.user + c1.system - c0.user - c0.system) / n * 1e6
         rate = f"{n * w.item_bytes / dt / 1e9:6.2f} GB/s" if w.item_bytes else f"{n / dt:9.0f}/s"
         threads = ", ".join(f"{k} {v / n * 1e6:.1f}" for k, v in sorted(per.items()) if v > 0)
-        print(f"{key:15s} {rate}; caller CPU {total:6.1f} µs a result ({threads})")
+        print(
+            f"{key:15s} {rate}; caller CPU {total:6.1f} µs a result ({threads}); "
+            f"producers {workers:6.1f} µs"
+        )
 
 
 if __name__ == "__main__":
