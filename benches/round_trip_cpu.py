@@ -27,6 +27,7 @@ from typing import Any
 
 from easycore.bench import systems as S  # noqa: N812
 from easycore.bench import workloads as W  # noqa: N812
+from proc_cpu import children_cpu
 
 _SYSTEMS = {
     "easycore": "runner (hooks)",
@@ -35,32 +36,11 @@ _SYSTEMS = {
 }
 
 
-def _children_cpu() -> float:
-    """CPU seconds of this process's children so far (live ones, from /proc)."""
-    me = os.getpid()
-    pids: list[str] = []
-    for tid in os.listdir(f"/proc/{me}/task"):
-        try:
-            with open(f"/proc/{me}/task/{tid}/children") as f:
-                pids += f.read().split()
-        except OSError:
-            pass
-    ticks = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-        except OSError:
-            pass
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def _measure(name: str, call: Callable[[Iterable[int]], Any], n: int) -> None:
     call(W.feedback_data(200))  # warm-up: workers started, costs learned
-    k0, c0, t0 = _children_cpu(), os.times(), time.perf_counter()
+    k0, c0, t0 = children_cpu(), os.times(), time.perf_counter()
     got = call(W.feedback_data(n))
-    t1, c1, k1 = time.perf_counter(), os.times(), _children_cpu()
+    t1, c1, k1 = time.perf_counter(), os.times(), children_cpu()
     if got != W.expected_square_sum(n):
         raise SystemExit(f"{name}: wrong result {got}")
     us = 1e6 / n

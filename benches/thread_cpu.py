@@ -27,6 +27,7 @@ import time
 
 from easycore.bench import systems as S  # noqa: N812
 from easycore.bench import workloads as W  # noqa: N812
+from proc_cpu import children_cpu
 
 
 def _threads_cpu() -> dict[tuple[int, str], float]:
@@ -44,27 +45,6 @@ def _threads_cpu() -> dict[tuple[int, str], float]:
     return out
 
 
-def _children_cpu() -> float:
-    """CPU seconds of this process's live child processes so far (``/proc``)."""
-    me = os.getpid()
-    pids: list[str] = []
-    for tid in os.listdir(f"/proc/{me}/task"):
-        try:
-            with open(f"/proc/{me}/task/{tid}/children") as f:
-                pids += f.read().split()
-        except OSError:
-            pass
-    ticks = 0
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ticks += int(fields[11]) + int(fields[12])
-        except OSError:
-            pass
-    return ticks / os.sysconf("SC_CLK_TCK")
-
-
 def main() -> None:
     """Parses the arguments and prints one line per system (see the module)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -80,12 +60,12 @@ def main() -> None:
     for key in args.systems.split(","):
         with S.SYSTEMS[key].session(job) as call:
             call(w.make_data(max(1, args.items // 4)))
-            k0 = _children_cpu()
+            k0 = children_cpu()
             before, c0, t0 = _threads_cpu(), os.times(), time.perf_counter()
             for _ in range(args.calls):
                 call(w.make_data(args.items))
             dt, c1, after = time.perf_counter() - t0, os.times(), _threads_cpu()
-            workers = (_children_cpu() - k0) / n * 1e6
+            workers = (children_cpu() - k0) / n * 1e6
         per: dict[str, float] = {}
         for k, v in after.items():
             per[k[1]] = per.get(k[1], 0.0) + v - before.get(k, 0.0)

@@ -139,6 +139,19 @@ pub enum Waited {
     Caught(Duration),
 }
 
+/// Adds the time since `start` to `total` when dropped: a wait's length, however it ends.
+struct WaitTimer<'a> {
+    start: Instant,
+    total: &'a AtomicU64,
+}
+
+impl Drop for WaitTimer<'_> {
+    fn drop(&mut self) {
+        let ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.total.fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
 /// A handle on a queue; every process holds its own (created, or attached by name).
 pub struct Queue {
     seg: Arc<Segment>,
@@ -633,22 +646,11 @@ impl Queue {
         deadline: Option<Instant>,
     ) -> Waited {
         let start = Instant::now();
-        let waited = self.spin_or_sleep(word, waiting, side, seen, deadline, start);
-        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
-        self.waited_ns.fetch_add(ns, Ordering::Relaxed);
-        waited
-    }
-
-    /// [`Queue::wait_for`]'s wait, begun at `start`.
-    fn spin_or_sleep(
-        &self,
-        word: &AtomicU32,
-        waiting: &AtomicU32,
-        side: Side,
-        seen: u32,
-        deadline: Option<Instant>,
-        start: Instant,
-    ) -> Waited {
+        // Adds this wait's length to `waited_ns` on every way out.
+        let _timed = WaitTimer {
+            start,
+            total: &self.waited_ns,
+        };
         let past = |now: Instant| deadline.is_some_and(|d| now >= d);
         if past(start) {
             return Waited::TimedOut;
