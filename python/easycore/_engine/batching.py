@@ -14,7 +14,7 @@ _TARGET_BATCH_S = 0.004  # producer work per message the batching aims at
 # Batches of large items stop growing at this many bytes of input or results (3 results of
 # 1 MiB, a pickle header each above a third): a message costs the receiving thread and the
 # producer tens of microseconds of Python, which 1 MiB results then share (at 1 MiB a batch,
-# runner.imap's caller spent 80 µs a result, at 4 MiB 50; 2-core VM).
+# runner.imap's caller spent 80 µs a result, at 4 MiB 50; slow-wake VM, performance.md).
 _MAX_BATCH_BYTES = 4 << 20
 
 
