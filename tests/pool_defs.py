@@ -207,3 +207,17 @@ def cleans_up(x, seconds):
         time.sleep(seconds)
         return ("cleaned", x)
     return ("not stopped", x)
+
+
+class ExitAtPickle:
+    """A result whose pickling ends the process (``sys.exit``), as CPython's executor tests
+    make one."""
+
+    def __reduce__(self):
+        import sys
+
+        sys.exit(3)
+
+
+def exit_at_pickle(_: object = None) -> ExitAtPickle:
+    return ExitAtPickle()

@@ -775,6 +775,21 @@ def test_unpicklable_result_or_argument_raises_and_the_pool_goes_on(pool):
     assert pool.submit(pd.square, 3).result(timeout=60) == 9
 
 
+def test_a_task_result_that_exits_as_it_is_pickled_fails_its_future_only(pool):
+    # The worker pickles each result once, with its batch; a result whose pickling raises
+    # SystemExit fails its own future with that type, the worker lives on, and a future in
+    # the same batch keeps its result.
+    for _ in range(3):
+        futs = [pool.submit(pd.square, 7), pool.submit(pd.exit_at_pickle)]
+        futs += [pool.submit(pd.square, i) for i in range(4)]
+        with pytest.raises(SystemExit):
+            futs[1].result(timeout=60)
+        assert [f.result(timeout=60) for f in futs[:1] + futs[2:]] == [49, 0, 1, 4, 9]
+        with pytest.raises(SystemExit):
+            pool.apply(pd.exit_at_pickle)
+    assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
+
+
 @pytest.mark.parametrize("window", [None, 8])
 def test_calls_tasks_breaks_and_input_errors_from_many_threads_stay_exact(window):
     # The feed's cuts and segments under concurrent load: several threads run imap calls over

@@ -179,12 +179,8 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
                 value = limited(_TASK_LIMIT, 0, index, f, args, kwargs)
             else:
                 value = f(*args, **kwargs)
-            try:
-                # The result must travel: find out here, for this future only (buffers are
-                # not copied by this check; a bad result would otherwise end the stream).
-                _CODEC[0].dumps(value)
-            except Exception as e:  # noqa: BLE001 - reported as this task's error
-                return job, index, False, not_picklable_report("task", device, None, e, value)
+            # A result that does not pickle fails this future only: the batch's pickling
+            # fails, and _fix_unsendable reports it in its place (not pickled twice here).
             return job, index, True, value
         t0 = time.perf_counter()
         # list.extend appends each result as it comes: if fn raises, out holds the results
@@ -239,15 +235,23 @@ def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_Wor
         if ok:
             try:
                 dumps(value)
+            except Interrupted:
+                raise
             except Exception as e:  # noqa: BLE001 - reported to the chunk's call
-                out = value[0] if job else [value]
-                k = next((i for i, x in enumerate(out) if not _picklable(x)), 0)
-                where = index + k if job else None
+                if job:
+                    out = value[0]
+                    k = next((i for i, x in enumerate(out) if not _picklable(x)), 0)
+                    report = not_picklable_report("task", device, index + k, e, out[k : k + 1])
+                else:
+                    report = not_picklable_report("task", device, None, e, value)
+                r = (job, index, False, report)
+            except BaseException as e:  # noqa: BLE001 - a __reduce__ that exits, say: the
+                # task's error, its type kept, as an exception the task raised would be
                 r = (
                     job,
                     index,
                     False,
-                    not_picklable_report("task", device, where, e, out[k : k + 1]),
+                    error_report("task", device, None if not job else index, e, "hook"),
                 )
         elif "partial" in value and not _picklable(value["partial"]):
             del value["partial"]  # the call's error is then raised at its chunk's start
