@@ -80,9 +80,7 @@ class Codec:
         if self._arrays:
             pickler = _PICKLER[0] or _array_pickler()
             if pickler is not None:
-                f = io.BytesIO()
-                pickler(f, protocol=5, buffer_callback=callback).dump(obj)
-                return f.getvalue()
+                return dumps_with(pickler, obj, callback)
         return pickle.dumps(obj, protocol=5, buffer_callback=callback)
 
     def loads(self, parts: Sequence[Any]) -> Any:
@@ -110,6 +108,14 @@ def _array_pickler() -> type[pickle.Pickler] | None:
     pickler = type("ArrayPickler", (pickle.Pickler,), {"dispatch_table": table})
     _PICKLER[0] = pickler
     return pickler
+
+
+def dumps_with(pickler: type[pickle.Pickler], obj: Any, callback: Any) -> bytes:
+    """``obj`` pickled (protocol 5, out-of-band buffers to ``callback``) by a pickler class
+    whose class attribute ``dispatch_table`` says how its types travel."""
+    f = io.BytesIO()
+    pickler(f, protocol=5, buffer_callback=callback).dump(obj)
+    return f.getvalue()
 
 
 def reduce_array(a: Any) -> Any:

@@ -251,7 +251,7 @@ def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_Wor
                     job,
                     index,
                     False,
-                    error_report("task", device, None if not job else index, e, "hook"),
+                    error_report("task", device, index if job else None, e, "hook"),
                 )
         elif "partial" in value and not _picklable(value["partial"]):
             del value["partial"]  # the call's error is then raised at its chunk's start

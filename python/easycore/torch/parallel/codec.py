@@ -22,13 +22,12 @@ pools' producers, processes started with ``multiprocessing``).
 from __future__ import annotations
 
 import copyreg
-import io
 import pickle
 from typing import Any
 
 import torch
 
-from easycore._engine.wire import Codec, reduce_array
+from easycore._engine.wire import Codec, dumps_with, reduce_array
 
 _VIEW_AS = {
     torch.bfloat16: torch.int16,
@@ -121,14 +120,12 @@ try:  # a tensor travels as a numpy view of its memory (_reduce_tensor): as wire
     _DISPATCH[numpy.ndarray] = reduce_array
 except ImportError:  # no numpy: _reduce_tensor sends tensors by torch's own reduction
     pass
+# The table as a class attribute: no per-message assignment to each pickler made.
+_TorchPickler = type("TorchPickler", (pickle.Pickler,), {"dispatch_table": _DISPATCH})
 
 
 class TorchCodec(Codec):
     """:class:`~easycore.common.parallel.wire.Codec` that sends tensor memory out of band."""
 
     def _dumps(self, obj: Any, callback: Any) -> bytes:
-        f = io.BytesIO()
-        p = pickle.Pickler(f, protocol=5, buffer_callback=callback)
-        p.dispatch_table = _DISPATCH
-        p.dump(obj)
-        return f.getvalue()
+        return dumps_with(_TorchPickler, obj, callback)
