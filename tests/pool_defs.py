@@ -221,3 +221,13 @@ class ExitAtPickle:
 
 def exit_at_pickle(_: object = None) -> ExitAtPickle:
     return ExitAtPickle()
+
+
+def exit_at_pickle_then_raise(i: int) -> object:
+    """Item 0's result exits as it is pickled, item 1 raises, the others are themselves: a
+    chunk of them fails with item 0's result among its partial results."""
+    if i == 0:
+        return ExitAtPickle()
+    if i == 1:
+        raise ValueError("item 1 failed")
+    return i

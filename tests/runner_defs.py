@@ -87,7 +87,18 @@ class Faulty(Collect):
                 ctypes.string_at(0)
             if mode == "unpicklable":
                 return lambda: data
+            if mode == "exit_at_pickle":
+                return ExitAtPickle()
         return data
+
+
+class ExitAtPickle:
+    """A result whose pickling ends the process (``sys.exit``)."""
+
+    def __reduce__(self):
+        import sys
+
+        sys.exit(3)
 
 
 class FailingInit(Collect):

@@ -790,6 +790,19 @@ def test_a_task_result_that_exits_as_it_is_pickled_fails_its_future_only(pool):
     assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
 
 
+def test_a_chunk_whose_results_exit_as_they_are_pickled_fails_its_call_only(pool):
+    # A map chunk's results are pickled with their batch: one that raises SystemExit as it
+    # is pickled fails its call with that type; so does it among the partial results of a
+    # chunk whose later item raised (they are dropped, the item's error raised). The
+    # workers live on: no call of the pool fails with WorkerDiedError.
+    for _ in range(2):
+        with pytest.raises(SystemExit):
+            pool.map(pd.exit_at_pickle, range(3))
+        with pytest.raises(ValueError, match="item 1 failed"):
+            pool.map(pd.exit_at_pickle_then_raise, range(4), chunksize=4)
+        assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]
+
+
 @pytest.mark.parametrize("window", [None, 8])
 def test_calls_tasks_breaks_and_input_errors_from_many_threads_stay_exact(window):
     # The feed's cuts and segments under concurrent load: several threads run imap calls over

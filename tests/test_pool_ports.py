@@ -8,7 +8,7 @@ import os
 
 import pool_defs as pd
 import pytest
-from easycore.errors import WorkerDiedError
+from easycore.errors import SerializationError, WorkerDiedError
 from easycore.parallel import Pool
 
 METHODS = ["fork", "spawn"]
@@ -156,6 +156,17 @@ def test_a_pools_worker_exit_results_are_collected(method):
     with Pool(1, worker_exit=lambda: k * 6, start_method=method) as p:
         p.map(pd.square, range(3))
     assert p.exit_results == [42]
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_exit_value_that_exits_as_it_is_pickled_is_reported_at_join():
+    # As an unpicklable value is: the join raises SerializationError naming it (it used to
+    # end the worker with code 3 as it pickled the value, and the join said nothing).
+    p = Pool(1, worker_exit=pd.exit_at_pickle)
+    assert p.map(pd.square, range(3)) == [0, 1, 4]
+    p.close()
+    with pytest.raises(SerializationError, match="ExitAtPickle"):
+        p.join()
 
 
 @pytest.mark.timeout(120)

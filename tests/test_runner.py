@@ -395,6 +395,16 @@ def test_unpicklable_item_and_result():
         assert r([7]) == [7]
 
 
+def test_a_result_that_exits_as_it_is_pickled_fails_the_call_not_the_producer():
+    # Describing the culprit pickles it again: a __reduce__ that calls sys.exit must end
+    # up in the call's SerializationError, not end the producer.
+    with rd.Faulty(devices=1, cfg={"bad_item": 2, "mode": "exit_at_pickle"}) as r:
+        for _ in range(2):
+            with pytest.raises(SerializationError, match="ExitAtPickle"):
+                r(range(5))
+            assert r([7]) == [7]  # a dead producer would have closed the runner
+
+
 def test_input_iterable_error_passes_through():
     def broken():
         yield 1

@@ -321,7 +321,8 @@ class ProducerCore:
         if value is not None:
             try:
                 self.codec.dumps(value)
-            except Exception as e:  # noqa: BLE001 - reported to the caller
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - reported to the caller (a
+                # __reduce__ that calls sys.exit too: the value is what failed, not the process)
                 if report is None:
                     report = not_picklable_report("producer_end", self.device, None, e, value)
                 value = None
@@ -455,5 +456,7 @@ class ProducerCore:
         try:
             fixed = self.fix(results, self.device)
             return None if fixed is None else self.codec.dumps((first, fixed, *rest))
+        except Interrupted:
+            raise
         except BaseException:  # noqa: BLE001 - reported as the batch's error
             return None

@@ -151,6 +151,8 @@ def describe_unpicklable(obj: Any) -> str:
     for x in items:
         try:
             pickle.dumps(x, protocol=5)
-        except Exception as e:  # noqa: BLE001 - any pickling failure is what we describe
-            return f"an object of type {type(x).__module__}.{type(x).__qualname__} ({e})"
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - any pickling failure, and a
+            # __reduce__ that calls sys.exit, is what we describe (not a reason to exit)
+            why = e if isinstance(e, Exception) else f"{type(e).__name__}: {e}"
+            return f"an object of type {type(x).__module__}.{type(x).__qualname__} ({why})"
     return f"an object of type {type(obj).__qualname__}"

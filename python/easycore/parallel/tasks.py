@@ -262,7 +262,9 @@ def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_Wor
 def _picklable(x: Any) -> bool:
     try:
         _CODEC[0].dumps(x)
-    except Exception:  # noqa: BLE001 - any failure means no
+    except Interrupted:
+        raise
+    except BaseException:  # noqa: BLE001 - any failure means no, a __reduce__ that exits too
         return False
     return True
 
