@@ -62,6 +62,15 @@ use std::time::Duration;
 /// Where tokens (and shared-memory segments) live.
 pub const SHM_DIR: &str = "/dev/shm";
 
+/// Prefix of every name this library creates there: segments (`/ec.…`, see
+/// [`crate::shm`]) and tokens (`ec.<tag>.live`).
+pub const NAME_PREFIX: &str = "ec.";
+
+/// The path of the token file of `tag` (an [`Identity`]'s or a [`QueueTag`]'s).
+fn token_path_of(tag: &str) -> String {
+    format!("{SHM_DIR}/{NAME_PREFIX}{tag}.live")
+}
+
 /// How long a maker waits for a token's lock that a same-user prober holds for an instant.
 const LOCK_WAIT: Duration = Duration::from_millis(200);
 
@@ -106,7 +115,7 @@ impl Identity {
     }
 
     fn token_path(self) -> String {
-        format!("{SHM_DIR}/{}{}.live", crate::shm::NAME_PREFIX, self.tag())
+        token_path_of(&self.tag())
     }
 }
 
@@ -423,8 +432,8 @@ impl QueueTag {
         u64::from_str_radix(hex, 16).ok().map(QueueTag)
     }
 
-    fn token_path(self) -> String {
-        format!("{SHM_DIR}/{}{}.live", crate::shm::NAME_PREFIX, self.tag())
+    pub(crate) fn token_path(self) -> String {
+        token_path_of(&self.tag())
     }
 }
 

@@ -44,8 +44,7 @@ use std::os::fd::AsRawFd;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// Prefix of every segment name this library creates.
-pub const NAME_PREFIX: &str = "ec.";
+pub use crate::liveness::NAME_PREFIX;
 
 /// A mapped shared-memory segment.
 #[derive(Debug)]

@@ -202,7 +202,7 @@ fn queue_of_slot(name: &str) -> Option<&str> {
 /// segment are made before any of its slots, so a slot listed while neither exists any
 /// longer belongs to a queue that is over. Returns how many were removed.
 fn unlink_orphan_slots(tag: QueueTag, entries: &[std::fs::DirEntry]) -> usize {
-    let token = format!("{}/{NAME_PREFIX}{}.live", liveness::SHM_DIR, tag.tag());
+    let token = tag.token_path();
     let mut removed = 0;
     for e in entries {
         let name = e.file_name();
