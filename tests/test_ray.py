@@ -266,17 +266,14 @@ def test_an_actor_killed_mid_call_raises_worker_died_error():
         import threading
 
         threading.Thread(target=kill_soon, daemon=True).start()
-        t0 = time.monotonic()
-        with pytest.raises(WorkerDiedError) as info:
+        with pytest.raises(WorkerDiedError) as info:  # (a hang hits the test's timeout)
             runner([0.2] * 200)
-        waited = time.monotonic() - t0
         e = info.value
         assert e.pid == pids[1] and e.device == "cpu"
         msg = str(e)
         assert "Ray actor" in msg and e.actor_id in msg
         assert "node 127.0.0.1" in msg and "died" in msg
         assert re.search(r"died: .*(worker process has died|killed|exit)", msg), msg
-        assert waited < 60  # a hang would hit the test's timeout instead
         assert not runner.is_activate
         runner.activate()  # a fresh set of actors
         assert runner([0.0] * 4) is None  # no consumer hooks: consumer_end's None
