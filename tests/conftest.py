@@ -14,10 +14,11 @@ sys.path.insert(0, os.path.dirname(__file__))  # helper modules importable in sp
 
 SHM = "/dev/shm"
 
-# The threads that ran when this process last forked while it ran several: CPython 3.12+
-# warns ("multi-threaded, use of fork()") without naming them; the report below does. It
-# looks before the fork (Python threads, and the OS threads by name) and right after it in
-# the parent (a Python thread that appeared meanwhile).
+# The threads beside a fork: CPython 3.12+ warns ("multi-threaded, use of fork()") without
+# naming them; the report below does. Each fork that saw another thread, Python's or the
+# OS's, just before it or just after it in the parent (the warning counts the OS threads
+# between the two), leaves a line; the warning prints the lines since the last one (a test
+# forks many times: the fork that warned need not be the last).
 _FORKED_WITH: list[str] = []
 
 
@@ -32,26 +33,25 @@ def _os_threads() -> list[str]:
     return names
 
 
-def _before_fork() -> None:
-    _FORKED_WITH.clear()
+def _note_threads(when: str) -> None:
     python = [t.name for t in threading.enumerate()]
     native = _os_threads() if os.path.isdir("/proc/self/task") else []
     if len(python) > 1 or len(native) > 1:
-        _FORKED_WITH[:] = [f"before: python {python}, os {native}"]
+        del _FORKED_WITH[:-20]  # bounded: the latest forks are the ones to name
+        _FORKED_WITH.append(f"{when}: python {python}, os {native}")
 
 
-def _after_fork_in_parent() -> None:
-    if threading.active_count() > 1:
-        _FORKED_WITH.append(f"after: python {[t.name for t in threading.enumerate()]}")
-
-
-os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
+os.register_at_fork(
+    before=lambda: _note_threads("before"), after_in_parent=lambda: _note_threads("after")
+)
 
 
 def pytest_warning_recorded(warning_message, when, nodeid, location) -> None:
     """Names the threads behind a fork-with-threads warning (in the test's output)."""
-    if "use of fork()" in str(warning_message.message) and _FORKED_WITH:
-        sys.stderr.write(f"\n{nodeid}: forked while these threads ran: {_FORKED_WITH}\n")
+    if "use of fork()" in str(warning_message.message):
+        seen = _FORKED_WITH or ["no fork of this process saw another thread"]
+        sys.stderr.write(f"\n{nodeid}: forked beside other threads: {seen}\n")
+        _FORKED_WITH.clear()
 
 
 def _segments() -> set[str]:

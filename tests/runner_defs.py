@@ -84,6 +84,9 @@ class Faulty(Collect):
             if mode == "sigkill":
                 os.kill(os.getpid(), signal.SIGKILL)
             if mode == "segfault":
+                import faulthandler
+
+                faulthandler.disable()  # a crash on purpose: no traceback in the test log
                 ctypes.string_at(0)
             if mode == "unpicklable":
                 return lambda: data
