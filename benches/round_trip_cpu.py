@@ -14,7 +14,10 @@ the ``Pipe`` loop has one), ``x * x`` per item. After a warm-up call it
 times one call of ``--items`` round trips and reads the CPU time of the caller (all its
 threads) and of its children (``/proc/<pid>/stat``) around it. On a machine where the
 two sides share a core (pinned, or beside busy processes) a round trip costs about the
-sum of both sides' CPU; on an idle machine the wake-ups across cores dominate.
+sum of both sides' CPU; on an idle machine the wake-ups across cores dominate. The context
+switches of the caller's threads and of the workers' per round trip follow (``/proc``;
+voluntary: a thread slept; involuntary: the scheduler took its CPU, as a wake-up of the
+other side on a shared core does).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from typing import Any
 
 from easycore.bench import systems as S  # noqa: N812
 from easycore.bench import workloads as W  # noqa: N812
-from proc_cpu import children_cpu
+from proc_cpu import children_cpu, children_switches, switches
 
 _SYSTEMS = {
     "easycore": "runner (hooks)",
@@ -38,9 +41,11 @@ _SYSTEMS = {
 
 def _measure(name: str, call: Callable[[Iterable[int]], Any], n: int) -> None:
     call(W.feedback_data(200))  # warm-up: workers started, costs learned
+    s0, ks0 = switches(), children_switches()
     k0, c0, t0 = children_cpu(), os.times(), time.perf_counter()
     got = call(W.feedback_data(n))
     t1, c1, k1 = time.perf_counter(), os.times(), children_cpu()
+    s1, ks1 = switches(), children_switches()
     if got != W.expected_square_sum(n):
         raise SystemExit(f"{name}: wrong result {got}")
     us = 1e6 / n
@@ -48,7 +53,9 @@ def _measure(name: str, call: Callable[[Iterable[int]], Any], n: int) -> None:
     print(
         f"{name:24s} {(t1 - t0) * us:7.1f} µs per round trip; CPU per round trip: caller "
         f"{caller:5.1f} µs (kernel {(c1.system - c0.system) * us:4.1f}), "
-        f"workers {(k1 - k0) * us:5.1f} µs"
+        f"workers {(k1 - k0) * us:5.1f} µs; switches per round trip (voluntary/involuntary): "
+        f"caller {(s1[0] - s0[0]) / n:.2f}/{(s1[1] - s0[1]) / n:.2f}, "
+        f"workers {(ks1[0] - ks0[0]) / n:.2f}/{(ks1[1] - ks0[1]) / n:.2f}"
     )
 
 
