@@ -223,6 +223,11 @@ def exit_at_pickle(_: object = None) -> ExitAtPickle:
     return ExitAtPickle()
 
 
+def exit_at_pickle_at_2(i: int) -> object:
+    """Item 2's result exits as it is pickled; the others are themselves."""
+    return ExitAtPickle() if i == 2 else i
+
+
 def exit_at_pickle_then_raise(i: int) -> object:
     """Item 0's result exits as it is pickled, item 1 raises, the others are themselves: a
     chunk of them fails with item 0's result among its partial results."""

@@ -798,6 +798,9 @@ def test_a_chunk_whose_results_exit_as_they_are_pickled_fails_its_call_only(pool
     for _ in range(2):
         with pytest.raises(SystemExit):
             pool.map(pd.exit_at_pickle, range(3))
+        with pytest.raises(SystemExit) as info:  # the culprit's index, not its chunk's start
+            pool.map(pd.exit_at_pickle_at_2, range(4), chunksize=4)
+        assert info.value.item == 2
         with pytest.raises(ValueError, match="item 1 failed"):
             pool.map(pd.exit_at_pickle_then_raise, range(4), chunksize=4)
         assert pool.map(pd.square, range(5)) == [0, 1, 4, 9, 16]

@@ -237,22 +237,20 @@ def _fix_unsendable(results: list[_WorkResult | None], device: str) -> list[_Wor
                 dumps(value)
             except Interrupted:
                 raise
-            except Exception as e:  # noqa: BLE001 - reported to the chunk's call
+            except BaseException as e:  # noqa: BLE001 - reported to the chunk's call
+                # The culprit: a chunk's first result that does not pickle, or the task's.
+                culprit = value
+                where = None
                 if job:
                     out = value[0]
                     k = next((i for i, x in enumerate(out) if not _picklable(x)), 0)
-                    report = not_picklable_report("task", device, index + k, e, out[k : k + 1])
-                else:
-                    report = not_picklable_report("task", device, None, e, value)
+                    culprit, where = out[k : k + 1], index + k
+                if isinstance(e, Exception):
+                    report = not_picklable_report("task", device, where, e, culprit)
+                else:  # a __reduce__ that exits, say: the error with its type kept, as an
+                    # exception the task raised would be
+                    report = error_report("task", device, where, e, "hook")
                 r = (job, index, False, report)
-            except BaseException as e:  # noqa: BLE001 - a __reduce__ that exits, say: the
-                # task's error, its type kept, as an exception the task raised would be
-                r = (
-                    job,
-                    index,
-                    False,
-                    error_report("task", device, index if job else None, e, "hook"),
-                )
         elif "partial" in value and not _picklable(value["partial"]):
             del value["partial"]  # the call's error is then raised at its chunk's start
         fixed.append(r)
