@@ -46,12 +46,20 @@ os.register_at_fork(
 )
 
 
+_FORK_REPORTS: list[str] = []  # for the terminal summary (a test's own output is captured)
+
+
 def pytest_warning_recorded(warning_message, when, nodeid, location) -> None:
-    """Names the threads behind a fork-with-threads warning (in the test's output)."""
+    """Names the threads behind a fork-with-threads warning (in the terminal summary)."""
     if "use of fork()" in str(warning_message.message):
         seen = _FORKED_WITH or ["no fork of this process saw another thread"]
-        sys.stderr.write(f"\n{nodeid}: forked beside other threads: {seen}\n")
+        _FORK_REPORTS.append(f"{nodeid}: forked beside other threads: {seen}")
         _FORKED_WITH.clear()
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    for line in _FORK_REPORTS:
+        terminalreporter.write_line(line)
 
 
 def _segments() -> set[str]:
