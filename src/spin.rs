@@ -45,6 +45,10 @@
 //!   once and counts a miss, even if the answer came meanwhile: on a shared core the answer
 //!   comes only while the spinner is off its CPU, so a spin there only delays it.
 //!
+//! A queue's reader that spins also tells the queue's writers so
+//! ([`crate::queue`]'s `spinners`): the next commit, which the spinner will take, then wakes
+//! no sleeping reader, so the readers whose spins stopped paying sleep on undisturbed.
+//!
 //! The policy lives in each process's handle (plain atomics, no shared memory): a process's
 //! verdict on its own waits says nothing to another's.
 

@@ -3,7 +3,7 @@
 //! the segment may read it; who may *write* each field is written beside it.
 //!
 //! ```text
-//! Shared-memory layout, version 6 (offsets from the segment start)
+//! Shared-memory layout, version 8 (offsets from the segment start)
 //! [0, 24576)                   Header: magic "easyqueu", version, owner identity, sizes, the
 //!                              lock, positions, counters, wake words, the party table
 //!                              (1024 parties, queue::parties) and the slot table (crate::slots)
@@ -34,8 +34,8 @@ pub const MAGIC: u64 = 0x6561_7379_7175_6575;
 /// Layout version; bumped on any change of the shared layout (5: 1024 parties with
 /// generations, tokens in the lock word, record state words stamped with their position;
 /// 6: the last reader to fall asleep, `last_reader`; 7: each slot's `filled_at`, which was
-/// reserved).
-pub const VERSION: u32 = 7;
+/// reserved; 8: a spinning reader's claim, `reader_spin_until`).
+pub const VERSION: u32 = 8;
 pub(crate) const HEADER_BYTES: usize = 6 * 4096;
 pub(crate) const ALIGN: u64 = 64;
 pub(crate) const REC_BYTES: u64 = 64;
@@ -197,6 +197,14 @@ pub(crate) struct Header {
     /// sleepers in turn); any value is safe, as a wake that finds no such sleeper falls
     /// back to waking any reader.
     pub last_reader: AtomicU32,
+    /// A spinning reader's claim on the next commit (`queue::spinners`): the
+    /// CLOCK_MONOTONIC nanosecond at which its spin ends (0: none). Written by that reader as
+    /// it starts to spin, and set back to 0 by it when the spin ends (if still its own) or by
+    /// the first writer to commit meanwhile, which then wakes one sleeping reader fewer. A
+    /// hint, trusted only while it lies in the future by at most `spinners::CLAIM_MAX`: a
+    /// claim left by a reader that died or stalled runs out by itself, and any value costs
+    /// at most one commit a recovery tick of a sleeper's time.
+    pub reader_spin_until: AtomicU64,
     /// Bumped by every release and by close; writers sleep on it.
     pub space_seq: Padded<AtomicU32>,
     /// Writers asleep (a hint, as `readers_waiting`).

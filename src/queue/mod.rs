@@ -59,6 +59,9 @@ pub mod layout;
 pub mod parties;
 mod read;
 mod recover;
+mod spinners;
+#[cfg(test)]
+mod spinners_tests;
 #[cfg(test)]
 mod tests;
 mod write;
@@ -161,6 +164,10 @@ pub struct Queue {
     spin: Duration,
     /// Whether this handle's waits spin first, readers' and writers' ([`crate::spin`]).
     spin_policy: [SpinPolicy; 2],
+    /// The longest spin this handle's reads claim, and the furthest ahead a claim its
+    /// commits trust ([`spinners::CLAIM_MAX`]; longer in tests, whose verdicts must not
+    /// depend on how long a thread is descheduled).
+    claim_max: Duration,
     /// Nanoseconds this handle's calls spent in [`Queue::wait_for`] (spinning or asleep):
     /// waits for a message or for room only, never the copies a put or get makes (a
     /// producer's stats tell its waits from its own work by it). Only added to.
@@ -182,6 +189,9 @@ pub struct Queue {
     /// Scans for the dead started by this handle's waiters (tests).
     #[cfg(test)]
     scans: AtomicU64,
+    /// Commits of this handle that woke sleeping readers (tests).
+    #[cfg(test)]
+    reader_wakes: AtomicU64,
 }
 
 impl Queue {
@@ -255,6 +265,7 @@ impl Queue {
             ring_size: ring,
             spin: Duration::from_micros(20),
             spin_policy: Default::default(),
+            claim_max: spinners::CLAIM_MAX,
             waited_ns: AtomicU64::new(0),
             maps: SlotMaps::default(),
             me: AtomicU64::new(0),
@@ -263,6 +274,8 @@ impl Queue {
             token,
             #[cfg(test)]
             scans: AtomicU64::new(0),
+            #[cfg(test)]
+            reader_wakes: AtomicU64::new(0),
         }
     }
 
@@ -670,7 +683,12 @@ impl Queue {
                 Some(d) => d.min(start + budget),
                 None => start + budget,
             };
+            // A reader's spin claims the next commit: it wakes no sleeper (queue::spinners).
+            let claim = matches!(side, Side::Reader).then(|| self.claim_spin(until - start));
             let outcome = spin_until(until, || word.load(Ordering::SeqCst) != seen);
+            if let Some(claim) = claim {
+                self.withdraw_spin_claim(claim); // before the last look at the word
+            }
             if outcome == Spun::Caught {
                 return Waited::Caught(start.elapsed());
             }
@@ -740,13 +758,17 @@ impl Queue {
         }
     }
 
-    /// Wakes sleeping readers after `n` commits (one each): the one that fell asleep last
-    /// first (`last_reader`), any others after it.
+    /// Wakes sleeping readers after `n` commits (one each, but none for the commit a
+    /// spinning reader claimed): the one that fell asleep last first (`last_reader`), any
+    /// others after it.
     fn wake_readers(&self, n: u32) {
         let h = self.hdr();
         h.data_seq.0.fetch_add(1, Ordering::SeqCst);
-        if h.readers_waiting.load(Ordering::SeqCst) > 0 {
-            let n = n.max(1);
+        // One commit is for the reader spinning now, if one claimed it (queue::spinners).
+        let n = n.max(1) - u32::from(self.take_spin_claim());
+        if n > 0 && h.readers_waiting.load(Ordering::SeqCst) > 0 {
+            #[cfg(test)]
+            self.reader_wakes.fetch_add(1, Ordering::Relaxed);
             let last = h.last_reader.load(Ordering::SeqCst);
             let woken = if last == 0 {
                 0
