@@ -488,3 +488,47 @@ def test_a_stopped_lock_holder_bounds_every_call_and_a_kill_frees_the_lock():
             os.waitpid(pid, 0)
         except (ProcessLookupError, ChildProcessError):
             pass
+
+
+def test_readers_killed_while_they_spin_keep_no_message_from_a_sleeping_reader():
+    # A reader that spins says so in the queue's header, and the next commit, which it
+    # would take, wakes no sleeping reader. Spinners killed at various depths of their wait
+    # (before, during or after their spin; their claim may be left behind in force) must
+    # not keep the message committed next from the reader that sleeps: it gets each one,
+    # woken or at the end of its own sleep's tick. The hard limits turn a hang into a failure.
+    rounds = 40
+    q = Queue(capacity_bytes=1 << 16, max_messages=16)
+    rfd, wfd = os.pipe()
+    sleeper = os.fork()
+    if sleeper == 0:
+        try:
+            os.close(rfd)
+            mine = Queue.attach(q.name, spin_us=0)  # sleeps at once
+            for _ in range(rounds):
+                os.write(wfd, b"%d\n" % mine.get(timeout=60)[0])
+        finally:
+            os._exit(0)
+    os.close(wfd)
+    got: list[int] = []
+    try:
+        with os.fdopen(rfd) as lines:
+            for i in range(rounds):
+                spinner = os.fork()
+                if spinner == 0:
+                    try:
+                        Queue.attach(q.name, spin_us=60_000_000).get(timeout=60)
+                    finally:
+                        os._exit(0)
+                time.sleep(0.0005 * (i % 8))
+                os.kill(spinner, signal.SIGKILL)
+                os.waitpid(spinner, 0)
+                q.put(i, 0, b"x", timeout=5)
+                got.append(int(lines.readline()))  # before the next spinner could take it
+        assert got == list(range(rounds))
+        assert os.waitpid(sleeper, 0)[1] == 0
+        sleeper = 0
+        q.audit()
+    finally:
+        if sleeper:
+            os.kill(sleeper, signal.SIGKILL)
+            os.waitpid(sleeper, 0)
