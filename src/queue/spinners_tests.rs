@@ -32,16 +32,20 @@ fn get(q: &Queue) -> u64 {
     seq
 }
 
-/// A futex waiter on the readers' word, counted as a sleeping reader, that takes nothing:
-/// it shows whether a commit woke a sleeper. Returns its thread once it is asleep.
+/// A futex waiter on the readers' word, counted as a sleeping reader while it sleeps, that
+/// takes nothing: it shows whether a commit woke a sleeper. Returns its thread once it is
+/// asleep.
 fn sleeper(q: &Arc<Queue>) -> thread::JoinHandle<()> {
     let (tx, rx) = mpsc::channel();
     let seen = q.data_stamp();
     let q2 = q.clone();
+    q.hdr().readers_waiting.fetch_add(1, Ordering::SeqCst);
     let t = thread::spawn(move || {
         // SAFETY: gettid takes no arguments and cannot fail.
         tx.send(unsafe { libc::gettid() }).unwrap();
-        crate::wait::wait(&q2.hdr().data_seq.0, seen, Some(Duration::from_secs(60)));
+        let h = q2.hdr();
+        crate::wait::wait(&h.data_seq.0, seen, Some(Duration::from_secs(60)));
+        h.readers_waiting.fetch_sub(1, Ordering::SeqCst);
     });
     crate::wait::until_asleep(rx.recv().unwrap(), || true);
     t
@@ -51,8 +55,6 @@ fn sleeper(q: &Arc<Queue>) -> thread::JoinHandle<()> {
 #[cfg(target_os = "linux")]
 fn a_commit_a_spinner_claimed_wakes_no_sleeper_and_the_next_commit_does() {
     let q = Arc::new(small());
-    let h = q.hdr();
-    h.readers_waiting.fetch_add(1, Ordering::SeqCst);
     let asleep = sleeper(&q);
     q.claim_spin(HOUR); // a reader spinning for the next commit
     q.put(1, 0, &[b"one"], None).unwrap();
@@ -63,7 +65,6 @@ fn a_commit_a_spinner_claimed_wakes_no_sleeper_and_the_next_commit_does() {
     q.put(2, 0, &[b"two"], None).unwrap();
     assert_eq!(q.reader_wakes(), 1);
     asleep.join().unwrap();
-    h.readers_waiting.fetch_sub(1, Ordering::SeqCst);
     assert_eq!((get(&q), get(&q)), (1, 2));
 }
 
@@ -71,8 +72,6 @@ fn a_commit_a_spinner_claimed_wakes_no_sleeper_and_the_next_commit_does() {
 #[cfg(target_os = "linux")]
 fn a_claim_out_of_force_is_cleared_and_the_commit_wakes_as_before() {
     let q = Arc::new(small());
-    let h = q.hdr();
-    h.readers_waiting.fetch_add(1, Ordering::SeqCst);
     let now = monotonic_ns();
     // Ended (a spinner that died or stalled), then too far ahead to be a spin (garbage).
     for (k, claim) in [(1u64, 1u64), (2, now + 2 * HOUR.as_nanos() as u64)] {
@@ -83,7 +82,6 @@ fn a_claim_out_of_force_is_cleared_and_the_commit_wakes_as_before() {
         assert_eq!(q.spin_claim(), 0, "claim {claim} was left");
         asleep.join().unwrap();
     }
-    h.readers_waiting.fetch_sub(1, Ordering::SeqCst);
 }
 
 #[test]
@@ -170,7 +168,6 @@ fn a_spinning_reader_gets_its_message_and_leaves_no_claim() {
     q2.set_spin(Duration::from_secs(30));
     q2.set_claim_max(HOUR);
     let q2 = Arc::new(q2);
-    q.hdr().readers_waiting.fetch_add(1, Ordering::SeqCst);
     let asleep = sleeper(&q);
     let reader = {
         let q2 = q2.clone();
@@ -191,5 +188,4 @@ fn a_spinning_reader_gets_its_message_and_leaves_no_claim() {
         q.put(5, 0, &[b"five"], None).unwrap();
     }
     asleep.join().unwrap();
-    q.hdr().readers_waiting.fetch_sub(1, Ordering::SeqCst);
 }
