@@ -7,6 +7,7 @@
 //! * [`spin`]: spinning before a sleep, without yielding, while it pays.
 //! * [`lifeline`]: a slot the kernel marks when the thread holding it ends (robust mutex).
 //! * [`liveness`]: process identity and liveness the kernel vouches for (flocked tokens).
+//! * [`late_leaves`]: queues left while a forking child held a copy of the hold, retried.
 //! * [`queue`]: the bounded inter-process message queue.
 //! * [`slots`]: the queue's pool of reusable segments for large messages.
 //! * [`copy`]: copying a large message's body into its segment, streaming where it is cold.
@@ -21,6 +22,7 @@ pub mod error;
 pub mod filelock;
 pub mod forkviews;
 pub mod heap;
+pub mod late_leaves;
 pub mod lifeline;
 pub mod liveness;
 pub mod queue;

@@ -642,6 +642,12 @@ impl QueueToken {
         self.tag
     }
 
+    /// The held descriptor (for tests that copy it, as a forking child does).
+    #[cfg(test)]
+    pub(crate) fn raw_fd(&self) -> libc::c_int {
+        self.fd.as_raw_fd()
+    }
+
     /// Lets go of this hold; if no process holds the token any more, returns the exclusive
     /// hold of the last party, which removes the token when dropped (the caller removes the
     /// queue's other names first). A forked child's copy never reads as the last: the

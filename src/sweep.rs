@@ -169,7 +169,7 @@ pub fn unlink_queue_names(tag: QueueTag) -> usize {
 }
 
 /// Whether `path` (in `/dev/shm`) is a regular file of ours, without following a link.
-fn is_ours(path: &str) -> bool {
+pub(crate) fn is_ours(path: &str) -> bool {
     own_file(std::fs::symlink_metadata(path))
 }
 

@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import pickle
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -469,3 +470,62 @@ def test_a_get_that_runs_out_of_memory_loses_no_message():
     assert failures > 5, "no allocation failed: the test tested nothing"
     assert got == list(range(n))
     q.audit()
+
+
+# ----- a queue dropped while another thread forks (the hold's copy in the child) -----
+
+
+def _queue_tokens() -> set[str]:
+    """Queue tokens this process made (their content is the maker's identity tag)."""
+    out = set()
+    for path in glob.glob("/dev/shm/ec.q*.live"):
+        try:
+            with open(path) as f:
+                if f.read().startswith(f"{os.getpid()}-"):
+                    out.add(path)
+        except OSError:
+            pass
+    return out
+
+
+def test_a_queue_dropped_while_its_hold_is_copied_goes_with_the_next_queue():
+    q = Queue(capacity_bytes=1 << 16, max_messages=64)
+    [token] = _queue_tokens()
+    # The descriptor a child being forked copies until it execs: the same open file
+    # description as the queue's own, so the same shared lock.
+    fd = next(
+        int(e)
+        for e in os.listdir("/proc/self/fd")
+        if os.readlink(f"/proc/self/fd/{e}") == token  # (a link that went: skipped)
+        if os.path.exists(f"/proc/self/fd/{e}")
+    )
+    copy = os.dup(fd)
+    del q
+    assert os.path.exists(token)  # held by the copy: not the last party, it seems
+    os.close(copy)  # the child execs
+    other = Queue(capacity_bytes=1 << 16, max_messages=64)  # retries the leave
+    assert not os.path.exists(token)
+    del other
+    assert _queue_tokens() == set()
+
+
+def test_queues_dropped_beside_a_thread_running_subprocesses_leave_no_names():
+    stop = threading.Event()
+
+    def spawner() -> None:
+        while not stop.is_set():
+            subprocess.run(["/bin/true"], check=True)
+
+    t = threading.Thread(target=spawner)
+    t.start()
+    try:
+        for _ in range(400):
+            q = Queue(capacity_bytes=1 << 16, max_messages=64)
+            del q
+    finally:
+        stop.set()
+        t.join(60)
+    # One more queue operation retries every leave a fork's copy kept from being the last.
+    last = Queue(capacity_bytes=1 << 16, max_messages=64)
+    del last
+    assert _queue_tokens() == set()

@@ -215,6 +215,7 @@ impl Queue {
             .unwrap_or(ring / 4)
             .clamp(REC_BYTES * 2, ring / 2);
         let owner = liveness::me()?;
+        crate::late_leaves::retry();
         let token = QueueToken::create(owner)?;
         // The ring is used a little at a time: its pages are mapped as they are first
         // touched, so that making a queue costs nothing per byte of ring (committing its
@@ -283,6 +284,7 @@ impl Queue {
     /// Every size in the header is checked, so a corrupt or foreign segment is an error, not
     /// a crash.
     pub fn attach(name: &str) -> Result<Queue> {
+        crate::late_leaves::retry();
         // Hold the queue's token first: from then on no sweep removes its names.
         let token = match crate::shm::owner_of(name) {
             Some(Owner::Queue(tag)) => Some(QueueToken::join(tag)?),
@@ -810,9 +812,17 @@ impl Drop for Queue {
         // of it, and handles attached by name, leave them, unless they are the last).
         // The last process to leave (whoever it is) removes what is left, holding the token
         // exclusively meanwhile; the hold removes the token itself when dropped, last.
+        // A hold that a child being forked still copies makes a last party look like one
+        // of many: such a leave is noted and retried (`late_leaves`).
+        crate::late_leaves::retry();
         let token = self.token.take();
         let tag = token.as_ref().map(QueueToken::tag);
         let last = token.and_then(QueueToken::leave);
+        if let (None, Some(tag)) = (&last, tag) {
+            if crate::sweep::is_ours(&tag.token_path()) {
+                crate::late_leaves::note(tag);
+            }
+        }
         if let (Some(_hold), Some(tag)) = (&last, tag) {
             // Every name of the queue, those no table names included (a party that died
             // between two steps of an eviction leaves one): nobody maps them again.

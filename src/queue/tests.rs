@@ -1238,3 +1238,23 @@ fn a_commit_wakes_the_reader_that_fell_asleep_last_and_another_when_it_is_gone()
     assert_eq!((get(&q, d).unwrap().0, get(&q, d).unwrap().0), (2, 3));
     q.audit(d).unwrap();
 }
+
+#[test]
+fn a_queue_dropped_while_a_forking_child_copies_its_hold_goes_once_the_copy_does() {
+    use crate::late_leaves::tests::{retried_until_gone, token_exists};
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let q = small(1 << 16);
+    let tag = q.token.as_ref().unwrap().tag();
+    // The copy a child holds between fork and exec (the same open file description).
+    // SAFETY: dup of a descriptor the queue's token owns; `copy` owns the new one.
+    let copy = unsafe { OwnedFd::from_raw_fd(libc::dup(q.token.as_ref().unwrap().raw_fd())) };
+    drop(q);
+    let other = small(1 << 16); // retries the leave: still held
+    assert!(token_exists(tag), "removed while a copy still held it");
+    drop(copy); // the child execs: its copy closes without a look
+    drop(other); // retries it again
+    assert!(
+        retried_until_gone(tag),
+        "the token stayed after the copy went"
+    );
+}
