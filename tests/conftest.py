@@ -23,18 +23,23 @@ _FORKED_WITH: list[str] = []
 
 
 def _os_threads() -> list[str]:
-    names = []
+    """Each OS thread as ``name/tid/state/start``: its state letter and start time (clock
+    ticks since boot) tell an exiting thread that Python already joined from a native one
+    that has run since an import (a BLAS helper)."""
+    out = []
     for tid in os.listdir("/proc/self/task"):
         try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                names.append(f.read().strip())
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                head, rest = f.read().rsplit(")", 1)
         except OSError:
-            pass
-    return names
+            continue
+        fields = rest.split()
+        out.append(f"{head.split('(', 1)[1]}/{tid}/{fields[0]}/{fields[19]}")
+    return out
 
 
 def _note_threads(when: str) -> None:
-    python = [t.name for t in threading.enumerate()]
+    python = [f"{t.name}/{t.native_id}" for t in threading.enumerate()]
     native = _os_threads() if os.path.isdir("/proc/self/task") else []
     if len(python) > 1 or len(native) > 1:
         del _FORKED_WITH[:-20]  # bounded: the latest forks are the ones to name
