@@ -126,3 +126,9 @@ def array_writer(q: Queue, n: int, nbytes: int) -> None:
         bufs: list = []
         head = pickle.dumps(a, protocol=5, buffer_callback=bufs.append)
         q.put(i, 0, [head, *(b.raw() for b in bufs)])
+
+
+def hold_and_wait(q: Queue, ready) -> None:
+    """Holds ``q`` (attached through its pickle) and says so, then waits to be killed."""
+    ready.put(q.name)
+    time.sleep(600)

@@ -531,3 +531,26 @@ def test_queues_dropped_beside_a_thread_running_subprocesses_leave_no_names():
     last = Queue(capacity_bytes=1 << 16, max_messages=64)
     del last
     assert _queue_tokens() == before
+
+
+def test_a_queue_dropped_while_its_other_party_is_dying_goes_with_the_next_queue():
+    # The other party holds the token until the kernel ends it (SIGKILLed processes release
+    # their lock without removing anything): a drop meanwhile cannot be the last.
+    before = _queue_tokens()
+    ctx = mp.get_context("spawn")
+    q = Queue(capacity_bytes=1 << 16, max_messages=64)
+    ready = ctx.Queue()
+    p = ctx.Process(target=qp.hold_and_wait, args=(q, ready))
+    with _started(p):
+        assert ready.get(timeout=120) == q.name
+        [token] = _queue_tokens() - before
+        os.kill(p.pid, signal.SIGSTOP)  # dying, not yet dead
+        del q
+        assert os.path.exists(token)  # held by the stopped party
+        p.kill()
+        p.join(60)
+        assert p.exitcode == -signal.SIGKILL
+    other = Queue(capacity_bytes=1 << 16, max_messages=64)  # retries the leave
+    assert not os.path.exists(token)
+    del other
+    assert _queue_tokens() == before
