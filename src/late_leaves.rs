@@ -83,8 +83,9 @@ pub fn retry() -> usize {
     removed
 }
 
-/// Whether a queue is noted (for tests).
-pub fn noted(tag: QueueTag) -> bool {
+/// Whether a queue is noted.
+#[cfg(test)]
+pub(crate) fn noted(tag: QueueTag) -> bool {
     NOTES.iter().any(|n| n.load(Ordering::Acquire) == tag.0)
 }
 
