@@ -502,7 +502,8 @@ class InputSide:
                 return None
             items = kept
             parts = self.codec.dumps((first, items))
-        nb = wire.nbytes(parts)
+        # (One bytes part, the common case: its length, without a frame.)
+        nb = len(parts[0]) if len(parts) == 1 and type(parts[0]) is bytes else wire.nbytes(parts)
         self.sizing.bytes_per_item = nb / count
         self.stats.bytes_in += nb
         seq = self.next_batch
@@ -609,7 +610,7 @@ class InputSide:
         return (
             self.pending is None
             and not self.urgent
-            and self.unsent() <= 0
+            and len(self.buf) <= self.buf_off  # (unsent(), inline: once a round trip)
             and self.delivered >= self.dispatched
         )
 

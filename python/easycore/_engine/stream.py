@@ -315,9 +315,11 @@ class Call:
         inp = self.input
         if self.reorder is not None or inp.abort:
             return None
+        # (Each step here runs at every round trip of a request/response loop, where a
+        # Python frame costs about 0.1 µs on a core shared with the worker: no frame that
+        # only forwards a call.)
         inp.send_ready()
-        if inp.send_error is not None or inp.input_error is not None:
-            return None
+        # (receiver_sleeps says False, and no sleep, on a send or input error too.)
         if not inp.receiver_sleeps():
             return None
         try:
@@ -329,8 +331,11 @@ class Call:
         finally:
             inp.receiver_woke()
         out: list[list[Any]] = []
+        bar = self.bar
         for _first, results, count in self._take(msgs):
-            self.delivered_chunk(count)
+            inp.delivered_chunk(count)
+            if bar is not None:
+                bar.update(count)
             out.append(results)
         return out
 
@@ -354,7 +359,11 @@ class Call:
             if t != wire.RESULT:
                 continue
             inp.last_progress = time.monotonic()
-            nb = wire.nbytes(parts)
+            # (One bytes part, the common case: its length, without a frame.)
+            if len(parts) == 1 and type(p0 := parts[0]) is bytes:
+                nb = len(p0)
+            else:
+                nb = wire.nbytes(parts)
             stats.bytes_out += nb
             try:
                 first, results, wi, busy, wait, slow = loads(parts)

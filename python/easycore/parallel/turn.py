@@ -180,7 +180,7 @@ class CallerTurns:
             return None
         taken = False
         try:
-            taken = not turn.call.abort and not self.runner.producer_died()
+            taken = not turn.call.input.abort and not self.runner.producer_died()
             return turn if taken else None
         finally:
             if not taken:
@@ -244,7 +244,7 @@ class CallerTurns:
                     break
                 if left is not None or job.own is not None or job.has_result():
                     break
-            wake = left is not None or not call.drained()
+            wake = left is not None or not call.input.drained()
             return True
         finally:
             turn.give_back(left, wake)
