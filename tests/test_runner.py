@@ -552,9 +552,7 @@ def test_a_batch_of_few_items_barely_moves_the_learned_cost():
 
     learned = SimpleNamespace(cost_per_item=0.2e-6)
     call = SimpleNamespace(
-        busy_seen={0: 0.0},
-        wait_seen={0: 0.0},
-        stats=SimpleNamespace(producer_busy_s={0: 0.0}, producer_wait_s={0: 0.0}),
+        reports={0: [0.0, 0.0, 0.0, 0.0]},
         learned=learned,
         input=SimpleNamespace(sizing=SimpleNamespace(batch_size=lambda: 2048, cost=None)),
     )
@@ -563,6 +561,54 @@ def test_a_batch_of_few_items_barely_moves_the_learned_cost():
     # A full batch still teaches at the full rate.
     Call._learn(call, 0, 6e-6 + 2048 * 1e-6, 0.0, 2048)
     assert 0.4e-6 < learned.cost_per_item < 0.5e-6
+
+
+def test_producer_figures_are_counted_once_across_reads_and_a_replacement():
+    # A result message only stores its producer's cumulative busy/wait seconds; the call's
+    # figures count the differences when they are read (stats_now, any number of times, or
+    # at the end) and when a new producer takes a place (its figures restart at 0).
+    from types import SimpleNamespace
+
+    from easycore.common.parallel.call import Call
+
+    stats = SimpleNamespace(producer_busy_s={0: 0.0, 1: 0.0}, producer_wait_s={0: 0.0, 1: 0.0})
+    call = SimpleNamespace(
+        reports={},
+        stats=stats,
+        input=SimpleNamespace(sizing=SimpleNamespace(cost=lambda: 1e-6)),
+    )
+    call._fold = lambda wi, r: Call._fold(call, wi, r)  # type: ignore[attr-defined]
+
+    def pending() -> tuple[float, float]:
+        # What stats_now adds to its copy: the reports not counted yet.
+        busy = sum(r[2] - r[0] for r in call.reports.values())
+        wait = sum(r[3] - r[1] for r in call.reports.values())
+        return busy, wait
+
+    def total() -> tuple[float, float]:
+        busy, wait = pending()
+        busy += sum(stats.producer_busy_s.values())
+        return busy, wait + sum(stats.producer_wait_s.values())
+
+    Call._learn(call, 0, 1.0, 0.5, 1)  # baselines: nothing counted
+    Call._learn(call, 1, 2.0, 0.0, 1)
+    assert total() == (0.0, 0.0)
+    Call._learn(call, 0, 1.5, 0.75, 1)
+    Call._learn(call, 1, 2.25, 0.0, 1)
+    assert total() == (0.75, 0.25)
+    Call._fold_reports(call)  # a read at the end: counted once, nothing left pending
+    assert pending() == (0.0, 0.0) and total() == (0.75, 0.25)
+    Call._fold_reports(call)
+    assert total() == (0.75, 0.25)
+    # Producer 0 replaced: the new one reports from 0; the old one's figures stay counted.
+    Call._learn(call, 0, 0.125, 0.25, 1)
+    assert stats.producer_busy_s[0] == 0.5 and total() == (0.875, 0.5)
+    Call._learn(call, 0, 0.375, 0.25, 1)
+    assert Call.last_report(call, 0) == (0.375, 0.25)
+    assert Call.last_report(call, 7) == (0.0, 0.0)
+    Call._fold_reports(call)
+    assert stats.producer_busy_s == {0: 0.875, 1: 0.25}
+    assert stats.producer_wait_s == {0: 0.5, 1: 0.0}
 
 
 @pytest.mark.timeout(120)

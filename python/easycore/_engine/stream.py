@@ -147,8 +147,14 @@ class Call:
             runs=runs,
         )
         self.reorder: ReorderBuffer | None = None  # an ordered runner's, taken in _start
-        self.busy_seen: dict[int, float] = {}
-        self.wait_seen: dict[int, float] = {}
+        # Per producer (by position): ``[busy, wait]`` as counted into ``stats`` so far, then
+        # ``[busy, wait]`` as it last reported them (the cumulative seconds of that process,
+        # sent with each result message). A message only stores its figures (in the receiving
+        # thread; a request/response loop pays it every round trip, where each object touched
+        # after the worker ran on the same core is a cache miss); the difference goes into
+        # ``stats`` when the producer is replaced and when the call's figures are read
+        # (:meth:`_fold_reports`, :meth:`stats_now`).
+        self.reports: dict[int, list[float]] = {}
         self.error: BaseException | None = None
         self.progress = progress
         self.bar: Any = None  # a tqdm bar (progress=True)
@@ -396,22 +402,20 @@ class Call:
     def _learn(self, wi: int, busy: float, wait: float, count: int) -> None:
         # Once per result message: each step inline (a request/response loop pays it at
         # every round trip).
-        busy_seen, wait_seen = self.busy_seen, self.wait_seen
-        prev = busy_seen.get(wi)
-        busy_seen[wi] = busy
-        prev_wait = wait_seen.get(wi, wait)
-        wait_seen[wi] = wait
-        if prev is None:
+        r = self.reports.get(wi)
+        if r is None:
+            self.reports[wi] = [busy, wait, busy, wait]
             return  # the first report of a producer only sets its baseline
+        prev = r[2]
         if busy < prev:  # a new producer in that place (retire.py): its figures start at 0
-            prev = prev_wait = 0.0
-        delta = busy - prev
-        stats = self.stats
-        stats.producer_busy_s[wi] += delta
-        stats.producer_wait_s[wi] += wait - prev_wait
+            self._fold(wi, r)
+            r[0] = r[1] = prev = 0.0
+        r[2] = busy
+        r[3] = wait
         sizing = self.input.sizing
         if sizing.cost is not None:
             return  # batches are sized by the call's own figure (the pool's), not learned
+        delta = busy - prev
         learned = self.learned
         # A batch's cost includes a fixed part (unpickling, bookkeeping: microseconds) that a
         # batch of few items charges to each item. Weighted by its share of a full batch, the
@@ -540,9 +544,29 @@ class Call:
         finally:
             self.host.gate.end(self)
 
+    def _fold(self, wi: int, r: list[float]) -> None:
+        """Counts into ``stats`` what producer ``wi`` reported since it was last counted
+        (``r``, its entry of ``reports``; in the receiving thread, or once it stopped)."""
+        busy, wait = r[2], r[3]
+        stats = self.stats
+        stats.producer_busy_s[wi] += busy - r[0]
+        stats.producer_wait_s[wi] += wait - r[1]
+        r[0], r[1] = busy, wait
+
+    def _fold_reports(self) -> None:
+        """Counts every producer's reports into ``stats`` (see ``reports``)."""
+        for wi, r in list(self.reports.items()):
+            self._fold(wi, r)
+
+    def last_report(self, wi: int) -> tuple[float, float]:
+        """The busy and waiting seconds producer ``wi`` last reported (0, 0 if none)."""
+        r = self.reports.get(wi)
+        return (r[2], r[3]) if r is not None else (0.0, 0.0)
+
     def _record_stats(self) -> None:
         if self.bar is not None:
             self.bar.close()
+        self._fold_reports()
         self._fill_stats(self.stats)
         self.host.keep_stats(self.stats)
 
@@ -564,6 +588,12 @@ class Call:
             producer_items=dict(self.stats.producer_items),
             slowest=list(self.stats.slowest),
         )
+        # What the producers reported and ``stats`` does not count yet (read only: the
+        # receiving thread may be storing a report meanwhile; a list unpacks in one step).
+        for wi, r in list(self.reports.items()):
+            counted_busy, counted_wait, busy, wait = r
+            s.producer_busy_s[wi] += busy - counted_busy
+            s.producer_wait_s[wi] += wait - counted_wait
         self._fill_stats(s)
         return s
 

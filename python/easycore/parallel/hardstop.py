@@ -271,8 +271,7 @@ def _again(item: Any, scheduler: Any) -> Any:
 def _put_empty(workers: Any, call: Any, seq: int, first: int, n: int, w: int) -> bool:
     """Puts, for the stream, the results of batch ``seq`` (``n`` work items from ``first``)
     as if worker ``w`` had sent them: nothing (None each, which the pool's router skips)."""
-    busy = call.busy_seen.get(w, 0.0)
-    wait = call.wait_seen.get(w, 0.0)
+    busy, wait = call.last_report(w)
     parts = call.codec.dumps((first, [None] * n, w, busy, wait, None))
     try:
         workers.out_q.put(seq, wire.pack_kind(wire.RESULT, call.call), parts, timeout=5.0)
