@@ -601,14 +601,21 @@ mod tests {
         (stop, hs)
     }
 
+    /// A lock file in `dir` and this process's exclusive lock on it.
+    #[cfg(target_os = "linux")]
+    fn held(dir: &TmpDir) -> (PathBuf, FileLock) {
+        let p = dir.join("held.lock");
+        let mut a = FileLock::new(&p);
+        assert!(a.try_acquire().unwrap());
+        (p, a)
+    }
+
     #[cfg(target_os = "linux")]
     #[test]
     fn names_the_holding_pid_while_other_locks_come_and_go() {
         // Enough locks for /proc/locks to span pages, which the kernel hands out one by one.
         let dir = TmpDir::new("holder-churn");
-        let p = dir.join("held.lock");
-        let mut a = FileLock::new(&p);
-        assert!(a.try_acquire().unwrap());
+        let (p, _held) = held(&dir);
         let (stop, hs) = churn(&dir, 3, 60);
         let named = (0..300)
             .filter(|_| flock_holder(&p) == Some(std::process::id()))
@@ -624,9 +631,7 @@ mod tests {
     #[test]
     fn names_the_holding_pid() {
         let dir = TmpDir::new("holder");
-        let p = dir.join("e.lock");
-        let mut a = FileLock::new(&p);
-        assert!(a.try_acquire().unwrap());
+        let (p, mut a) = held(&dir);
         assert_eq!(flock_holder(&p), Some(std::process::id()));
         let shared = SharedFileLock::new(&p);
         assert_eq!(shared.holder(), Holder::ThisProcess);
