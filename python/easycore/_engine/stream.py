@@ -324,7 +324,14 @@ class Call:
         # (Each step here runs at every round trip of a request/response loop, where a
         # Python frame costs about 0.1 µs on a core shared with the worker: no frame that
         # only forwards a call.)
-        inp.send_ready()
+        # (send_ready's own first look, inline: a round trip's send left nothing behind.)
+        if (
+            inp.pending is not None
+            or inp.urgent
+            or inp.seq_data is not None
+            or len(inp.buf) > inp.buf_off
+        ):
+            inp.send_ready()
         # (receiver_sleeps says False, and no sleep, on a send or input error too.)
         if not inp.receiver_sleeps():
             return None
