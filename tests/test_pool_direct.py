@@ -11,7 +11,9 @@ regression fails instead of hanging.
 
 from __future__ import annotations
 
+import functools
 import os
+import pickle
 import queue
 import signal
 import threading
@@ -259,6 +261,59 @@ def test_abandoning_and_input_errors_on_the_direct_path():
         _loop(p.imap(pd.same, _feedback(50, got)), got, out)  # the pool stays usable
         assert out == list(range(50))
         assert p.map(pd.square, range(100)) == [x * x for x in range(100)]
+
+
+def test_the_callers_own_items_fail_one_by_one_as_the_feeds_do():
+    """On the direct path (an item read in the caller's thread), an item's error is raised at
+    that item, with the results before it; an item that cannot be pickled fails its call
+    with the pickler's error naming it, as on the feed's way; the pool goes on."""
+    me = threading.current_thread()
+
+    def one_bad(got: queue.Queue[int], bad: object, at: list[int]) -> Iterator[object]:
+        """Yields ``bad`` in place of the first item from 100 on that the caller reads itself
+        (noted in ``at``), and ends there (nothing waits for its result)."""
+        for i in _feedback(N, got):
+            if i >= 100 and threading.current_thread() is me:
+                at.append(i)
+                yield bad
+                return
+            yield i
+
+    with Pool(2) as p:
+        got: queue.Queue[int] = queue.Queue()
+        out: list[object] = []
+        at: list[int] = []
+        fails = functools.partial(pd.raise_on, bad=-1, kind="custom")
+        with pytest.raises(pd.CustomError, match="custom -1") as ei:
+            _loop(p.imap(fails, one_bad(got, -1, at)), got, out)  # type: ignore[arg-type]
+        assert ei.value.code == -1
+        assert out == list(range(at[0]))
+        got, out, at = queue.Queue(), [], []
+        with pytest.raises(TypeError, match="cannot pickle") as te:
+            _loop(p.imap(pd.same, one_bad(got, threading.Lock(), at)), got, out)  # type: ignore[arg-type]
+        assert te.value.item == at[0]  # type: ignore[attr-defined]
+        assert out == list(range(at[0]))
+        got, out = queue.Queue(), []
+        _loop(p.imap(pd.square, _feedback(50, got)), got, out)  # type: ignore[arg-type]
+        assert out == [x * x for x in range(50)]
+
+
+def test_the_callers_own_items_draw_from_their_own_seeds():
+    """With seeds per item, each of the caller's own items still draws from its own seed:
+    the same draws with one worker or two, a different one for each item."""
+
+    def run(workers: int) -> tuple[list[object], int]:
+        got: queue.Queue[object] = queue.Queue()
+        out: list[object] = []
+        with Pool(workers, seed=1234, seed_per_item=True) as p:
+            _loop(p.imap(pd.augment, _feedback(200, got)), got, out)  # type: ignore[arg-type]
+            return out, p.stats.direct_items
+
+    one, direct_one = run(1)
+    two, direct_two = run(2)
+    assert direct_one > 0 and direct_two > 0
+    assert one == two
+    assert len({r[1] for r in one}) == 200  # type: ignore[index]
 
 
 def test_close_reads_a_direct_input_to_its_end():
@@ -582,3 +637,27 @@ def test_workers_killed_at_random_while_a_loop_injects_work_never_hang_or_lose_r
             assert p.map(pd.square, range(50)) == [x * x for x in range(50)]
             kills += killed.is_set()
     assert finished + failed == 12 and kills > 0
+
+
+@pytest.mark.parametrize("arg", [[3], [2, 3], [4]])
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_callers_own_item_runs_in_the_worker_as_any_chunk_does(arg, fails):
+    """In a worker, an item of the caller's own reads (its function pickled, one argument)
+    takes a short way: the same result, or the same report, as the common way."""
+    from easycore.parallel import tasks
+    from easycore.parallel.feed import _ONE
+
+    fn = functools.partial(pd.raise_on, bad=3, kind="value") if fails else pd.square
+    short = tasks._run_item("cpu", None, (1, 5, pickle.dumps(fn, protocol=5), arg, _ONE))
+    common = tasks._run_item("cpu", None, (1, 5, fn, arg, _ONE))
+    assert short is not None and common is not None
+    assert short[:3] == common[:3]
+    if short[2]:
+        assert short[3][0] == common[3][0] == [fn(x) for x in arg]
+        assert short[3][1] > 0
+    else:
+        drop = ("traceback",)  # (its lines differ)
+        assert {k: v for k, v in short[3].items() if k not in drop} == {
+            k: v for k, v in common[3].items() if k not in drop
+        }
+        assert short[3]["item"] == 5 + arg.index(3)

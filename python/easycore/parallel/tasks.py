@@ -55,6 +55,7 @@ def mark_abandoned(ring: Any, job: int) -> None:
 _ITEM_SEED: int | None = None  # in producers: the base seed of per-item streams, if asked
 _EXIT: Any = None  # in producers: the pool's worker_exit, if any
 _TASK_LIMIT: float | None = None  # in producers: the pool's task_timeout, if any
+_PLAIN_RUN = True  # in producers: neither of the two above (an item is just called)
 
 
 def context() -> Any:
@@ -102,7 +103,7 @@ class _Setup:
         self.item_seed = item_seed
 
     def __call__(self, device: str) -> None:
-        global _IN_WORKER, _INIT, _ABANDONED, _ITEM_SEED, _EXIT, _TASK_LIMIT
+        global _IN_WORKER, _INIT, _ABANDONED, _ITEM_SEED, _EXIT, _TASK_LIMIT, _PLAIN_RUN
         _ABANDONED = self.abandoned
         _ITEM_SEED = self.item_seed
         _TASK_LIMIT = None
@@ -111,6 +112,7 @@ class _Setup:
             _TASK_LIMIT = self.task_timeout
             info = worker_info()
             bind(self.stuck_slots, info.index if info is not None else 0)
+        _PLAIN_RUN = _ITEM_SEED is None and _TASK_LIMIT is None
         describe_items_with(describe_item)  # the labels of Pool.stats.slowest
         _EXIT = self.worker_exit
         if isinstance(_EXIT, _ByValue):  # not pickled on the way (fork)
@@ -149,13 +151,6 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
     ring = _ABANDONED
     if job and ring is not None and ring[job & _RING_MASK] == job:
         return None  # its call was abandoned (an imap left by break): skipped
-    if type(arg) is ChunkArgs:
-        try:
-            arg = arg.load(_CODEC[0])
-        except Interrupted:
-            raise
-        except BaseException as e:  # noqa: BLE001 - SystemExit too: this chunk's error
-            return job, index, False, error_report("task", device, index, e, "unpickle_items")
     if type(fn) is bytes:
         try:
             fn = pickled_function(fn)
@@ -163,6 +158,25 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
             raise
         except BaseException as e:  # noqa: BLE001 - SystemExit too: this chunk's error
             return job, index, False, error_report("task", device, None, e, "unpickle_task")
+        if mode == _ONE and _PLAIN_RUN and type(arg) is list and len(arg) == 1:
+            # A caller's own read (``_Job.fn_wire``: one argument): a request/response loop
+            # pays each step here at every round trip, on a core it may share with its
+            # caller, where each object touched counts. Its short way, the same results.
+            try:
+                t0 = time.perf_counter()
+                lone = [fn(arg[0])]
+                return job, index, True, (lone, time.perf_counter() - t0)
+            except Interrupted:
+                raise
+            except BaseException as e:  # noqa: BLE001 - sent to the caller, raised there
+                return job, index, False, error_report("task", device, index, e, "hook")
+    if type(arg) is ChunkArgs:
+        try:
+            arg = arg.load(_CODEC[0])
+        except Interrupted:
+            raise
+        except BaseException as e:  # noqa: BLE001 - SystemExit too: this chunk's error
+            return job, index, False, error_report("task", device, index, e, "unpickle_items")
     out: list[Any] = []
     try:
         seed = _ITEM_SEED
