@@ -372,7 +372,7 @@ def test_a_caller_asks_for_its_input_again_only_after_the_feed_began_to_read_it(
     job.probe_at = 1  # the probe comes with the caller's first item
     with job.lock:
         assert job.wait_step(True, lambda: True) == READ
-    assert job.read_direct() == (0, 0)
+    assert job.read_direct() == (job.jid, 0, job.fn_wire(), [0], job.mode)
     assert job.sent_direct()  # handed back
     job.consumed = 1
     with job.lock:

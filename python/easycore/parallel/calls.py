@@ -96,7 +96,10 @@ def result_chunks(
             full = False
             with job.lock:
                 if done:
-                    full = _consumed(job, done)
+                    if job.direct:  # (_consumed's first case, inline: once a round trip)
+                        job.consumed += done
+                    else:
+                        full = _consumed(job, done)
                     done = 0
                 while True:
                     if job.error is not None and job.next_index >= job.error_at:
@@ -144,7 +147,7 @@ def result_chunks(
             if full:  # the feed may wait for this job's room: wake it (not under job.cv)
                 scheduler.notify()
             if step == READ:
-                own = _read_and_send(job, scheduler)
+                own = scheduler.read_and_send(job)
                 if own is None:
                     continue  # it comes the common way (a result, or an error)
                 n = len(own)
@@ -196,25 +199,6 @@ def _consumed(job: _Job, n: int) -> bool:
     full = not job.has_room()
     job.consumed += n
     return full and job.has_room()
-
-
-def _read_and_send(job: _Job, scheduler: Scheduler) -> list[Any] | None:
-    """The caller reads the next item of its call's input itself and sends it (receiving its
-    result too, if the stream lets it: ``Scheduler.send_direct``). Returns the item's
-    results if they came straight back to this thread (``job.own``), else None: they come
-    the common way (through the job, as an error does)."""
-    got = job.read_direct()
-    if got is None:
-        scheduler.wake_feed()  # the input ended or failed (a closing pool may end)
-        return None
-    x, index = got
-    try:
-        scheduler.send_direct((job.jid, index, job.fn_wire(), [x], job.mode), job)
-    finally:
-        if job.caller_reads:  # the round trip did not say so as it sent the item
-            scheduler.sent_direct(job)
-    own, job.own = job.own, None
-    return own
 
 
 def collect(

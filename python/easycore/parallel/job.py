@@ -300,9 +300,10 @@ class _Job:
                 self.direct_reads = 0
                 self.cv.notify_all()
 
-    def read_direct(self) -> tuple[Any, int] | None:
-        """The caller reads the next item itself (after :data:`READ`): ``(item, index)``, or
-        None when the input ended or raised (then the job says so, as the feed would). The
+    def read_direct(self) -> tuple[int, int, Any, list[Any], int] | None:
+        """The caller reads the next item itself (after :data:`READ`): its work item
+        (``feed.py``'s ``_WorkItem``: one argument, the function as :meth:`fn_wire` has it),
+        or None when the input ended or raised (then the job says so, as the feed would). The
         caller stays inside ``next()`` (``caller_reads``) until the item is sent or queued:
         :meth:`sent_direct` follows, which hands the input back to the feed after a probe
         interval (or while closing)."""
@@ -325,7 +326,8 @@ class _Job:
             self.direct_reads += 1
             if self.drain or self.direct_reads >= self.probe_at:
                 self.handing_back = True
-        return x, index
+        fn = self._fn_wire  # (fn_wire's common case inline: once a round trip)
+        return self.jid, index, fn if fn is not None else self.fn_wire(), [x], self.mode
 
     def sent_direct(self) -> bool:
         """The item of :meth:`read_direct` was sent, or queued for the feed ahead of all other

@@ -192,17 +192,29 @@ class Scheduler:
             self._cut()
             self._cv.notify_all()
 
-    def send_direct(self, item: _WorkItem, job: _Job) -> None:
-        """``item`` of ``job``, read by its caller: sent and received by the caller if the
-        stream lets it (``StreamService.round_trip``), else queued for the feed, ahead of
-        everything."""
-        stream = self._stream
-        if stream is None or not stream.round_trip(item, job):
-            self.resend([item])
+    def read_and_send(self, job: _Job) -> list[Any] | None:
+        """``job``'s caller reads its next item itself (``_Job.read_direct``) and sends it:
+        sent and received by the caller if the stream lets it (``StreamService.round_trip``),
+        else queued for the feed, ahead of everything. Returns the item's results if they
+        came straight back to the caller (``job.own``), else None: they come the common way
+        (through the job, as an error does, or the input's end)."""
+        item = job.read_direct()
+        if item is None:
+            self.wake_feed()  # the input ended or failed (a closing pool may end)
+            return None
+        try:
+            stream = self._stream
+            if stream is None or not stream.round_trip(item, job):
+                self.resend([item])
+        finally:
+            if job.caller_reads:  # the round trip did not say so as it sent the item
+                self.sent_direct(job)
+        own, job.own = job.own, None
+        return own
 
     def sent_direct(self, job: _Job) -> None:
         """The item that ``job``'s caller read itself is sent, or queued ahead of all else
-        (:meth:`send_direct`): if the caller hands the input back to the feed with it (a
+        (:meth:`read_and_send`): if the caller hands the input back to the feed with it (a
         probe, see ``_Job.sent_direct``), the feed reads it again from now on (not before:
         blocked in an input that waits for that item's result, it would never send an item
         queued behind it)."""
@@ -435,7 +447,7 @@ class Scheduler:
 
     def resend(self, items: list[_WorkItem]) -> None:
         """Work items that a stream gave back untaken (its workers are being replaced: see
-        ``hardstop.py``), or that a caller read itself and could not send (``send_direct``):
+        ``hardstop.py``), or that a caller read itself and could not send (``read_and_send``):
         sent, before other work, by the feed (the next stream's, for the former)."""
         with self._cv:
             self._resend.extend(items)
