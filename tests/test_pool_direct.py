@@ -661,3 +661,42 @@ def test_a_callers_own_item_runs_in_the_worker_as_any_chunk_does(arg, fails):
             k: v for k, v in common[3].items() if k not in drop
         }
         assert short[3]["item"] == 5 + arg.index(3)
+
+
+def test_a_callers_own_item_that_finds_the_workers_full_is_sent_once_there_is_room(
+    monkeypatch,
+):
+    """The workers' input queue refuses one of every few of the caller's own sends (as
+    when full): the item waits as the call's pending batch and goes out with the next send
+    or receive, once; every result comes, in order."""
+    from easycore._engine.transport import LocalWorkers
+    from easycore.errors import QueueFull
+
+    me = threading.current_thread()
+    refused: list[int] = []
+    init = LocalWorkers.__init__
+
+    def refusing_init(self: LocalWorkers, *args: object, **kwargs: object) -> None:
+        init(self, *args, **kwargs)  # type: ignore[arg-type]
+        send = self.send
+        tries = [0]
+
+        def sometimes_full(seq: int, kind: int, parts: list[object]) -> None:
+            if threading.current_thread() is me:
+                tries[0] += 1
+                if tries[0] % 5 == 0:
+                    refused.append(seq)
+                    raise QueueFull("refused by the test")
+            send(seq, kind, parts)
+
+        self.send = sometimes_full  # type: ignore[method-assign]
+
+    monkeypatch.setattr(LocalWorkers, "__init__", refusing_init)
+    got: queue.Queue[int] = queue.Queue()
+    with Pool(2) as p:
+        out: list[int] = []
+        _loop(p.imap(pd.square, _feedback(N, got)), got, out)
+        assert out == [x * x for x in range(N)]
+        assert p.stats.direct_items > N // 4
+        assert len(refused) > 5
+        assert p.map(pd.square, range(100)) == [x * x for x in range(100)]
