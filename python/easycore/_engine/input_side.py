@@ -570,11 +570,12 @@ class InputSide:
     def send_direct(self, items: list[Any], now: bool = False, queue: bool = False) -> bool:
         """``items``, work items read and packed outside the input thread (by the pool's
         caller, a request/response loop, or a task submitted while the input thread reads),
-        one input item each, become the next batch, which the receiving loop sends first
-        (with ``now``, the calling thread sends it at once, if the producers have room);
-        False if another batch waits (nothing taken). With ``queue``, they are queued
-        instead (``urgent``: a batch each, behind a waiting one, ahead of what the input
-        thread read; sent by whichever thread sends next, the receiving one woken for it).
+        one input item each, become the next batch, which the calling thread sends at once
+        if the producers have room (else the receiving loop sends it first); False if
+        another batch waits (nothing taken). With ``queue``, they are queued instead
+        (``urgent``: a batch each, behind a waiting one, ahead of what the input thread
+        read; sent by whichever thread sends next, the receiving one woken for it, or by
+        the calling thread with ``now``).
         False too once the call stops or ended (nothing taken)."""
         with self.send_lock:
             if self.abort or self.sealed:
@@ -595,22 +596,17 @@ class InputSide:
             else:
                 queued = False
                 n = len(items)
-                parts = None
-                if now:
-                    try:
-                        parts = self.codec.dumps((self.next_item, items))
-                    except Exception:  # noqa: BLE001, S110 - encode finds out, and says so
-                        pass
-                if parts is None:
+                try:
+                    parts = self.codec.dumps((self.next_item, items))
+                except Exception:  # noqa: BLE001 - encode keeps what pickles, and says why
                     batch = self.encode(items, n, True)
                     if batch is not None:
                         self.pending = batch
                         self.direct_total += n
-                        if now:
-                            self.send_pending(self.workers.send)
+                        self.send_pending(self.workers.send)
                 else:
-                    # (encode and send_pending, inline: a request/response loop sends a batch
-                    # like this at every round trip, where each frame costs.)
+                    # (encode's and send_pending's steps, inline: a request/response loop
+                    # sends a batch like this at every round trip, where each frame costs.)
                     p0 = parts[0]
                     nb = len(p0) if len(parts) == 1 and type(p0) is bytes else wire.nbytes(parts)
                     self.sizing.bytes_per_item = nb / n

@@ -307,50 +307,60 @@ class Call:
             while ready:
                 yield ready.pop()
 
-    def exchange(self, wait: float) -> list[list[Any]] | None:
-        """One step of the receiving loop for a thread that holds the stream while its
-        loop (:meth:`iterate_chunks`) is suspended between two messages, with nothing else
-        to do (the pool's request/response path): sends the batch that
+    def exchange(self, wait: float, loop: Generator[list[Any], None, None]) -> list[list[Any]]:
+        """One step of the receiving loop for a thread that holds the stream while the loop
+        ``loop`` (this call's :meth:`iterate_chunks`) is suspended between two messages,
+        with nothing else to do (the pool's request/response path): sends the batch that
         ``InputSide.send_direct`` left pending (if any), waits up to ``wait`` seconds for
         result messages and returns their results, one list per message, each counted as
-        delivered. ``[]``: none came (a wake-up, or the wait ran out); None: the loop has
-        other work first (an error to raise, an ordered call, the call stopped). Either way
-        the loop itself (``next`` of :meth:`iterate_chunks`) goes on from there; what this
-        raises must be thrown into the loop, which ends the call as for its own errors,
-        except :class:`WaitInterrupted` (Ctrl-C while it waited: nothing was taken)."""
+        delivered. ``[]``: none came (a wake-up, or the wait ran out). Where the loop has
+        other work first (an error to raise, an ordered call, the call stopped), the loop
+        itself runs one step instead (its next message's results, in a list); an error of
+        this step is thrown into the loop, which ends the call as for its own errors and
+        raises it (StopIteration: the loop ended).
+
+        Raises:
+            WaitInterrupted: Ctrl-C while it waited: nothing was taken, the call goes on
+                unless its caller ends it.
+        """
         inp = self.input
         if self.reorder is not None or inp.abort:
-            return None
+            return [next(loop)]
         # (Each step here runs at every round trip of a request/response loop, where a
         # Python frame costs about 0.1 µs on a core shared with the worker: no frame that
         # only forwards a call.)
-        # (send_ready's own first look, inline: a round trip's send left nothing behind.)
-        if (
-            inp.pending is not None
-            or inp.urgent
-            or inp.seq_data is not None
-            or len(inp.buf) > inp.buf_off
-        ):
-            inp.send_ready()
-        # (receiver_sleeps says False, and no sleep, on a send or input error too.)
-        if not inp.receiver_sleeps():
-            return None
         try:
-            msgs = self.workers.receive(64, timeout=wait)
-        except (QueueEmpty, QueueClosed):
-            return []  # the loop looks at the producers' health, or says the queue closed
-        except KeyboardInterrupt:
-            raise WaitInterrupted from None
-        finally:
-            inp.receiver_woke()
-        out: list[list[Any]] = []
-        bar = self.bar
-        for _first, results, count in self._take(msgs):
-            inp.delivered_chunk(count)
-            if bar is not None:
-                bar.update(count)
-            out.append(results)
-        return out
+            # (send_ready's own first look, inline: a round trip's send left nothing behind.)
+            if (
+                inp.pending is not None
+                or inp.urgent
+                or inp.seq_data is not None
+                or len(inp.buf) > inp.buf_off
+            ):
+                inp.send_ready()
+            # (receiver_sleeps says False, and no sleep, on a send or input error too.)
+            if inp.receiver_sleeps():
+                try:
+                    msgs = self.workers.receive(64, timeout=wait)
+                except (QueueEmpty, QueueClosed):
+                    return []  # the loop looks at the producers' health, or the queue closed
+                except KeyboardInterrupt:
+                    raise WaitInterrupted from None
+                finally:
+                    inp.receiver_woke()
+                out: list[list[Any]] = []
+                bar = self.bar
+                for _first, results, count in self._take(msgs):
+                    inp.delivered_chunk(count)
+                    if bar is not None:
+                        bar.update(count)
+                    out.append(results)
+                return out
+        except WaitInterrupted:
+            raise
+        except BaseException as e:  # noqa: BLE001 - the loop ends the call and raises it
+            return [loop.throw(e)]
+        return [next(loop)]
 
     def _take(self, msgs: list[Any]) -> list[tuple[int, list[Any], int]]:
         out: list[tuple[int, list[Any], int]] = []

@@ -171,21 +171,6 @@ class CallerTurns:
 
     def input_coming(self) -> None: ...
 
-    def _take_turn(self) -> Turn | None:
-        """The turn to advance the stream, if the service thread is parked (nothing else on
-        its way) and the stream's workers are alive; None: not taken (a dead worker is the
-        service thread's to find: a quiet restart)."""
-        turn = self.turn
-        if turn is None or not turn.try_take():
-            return None
-        taken = False
-        try:
-            taken = not turn.call.input.abort and not self.runner.producer_died()
-            return turn if taken else None
-        finally:
-            if not taken:
-                turn.give_back(None, True)
-
     def round_trip(self, item: _WorkItem, job: _Job) -> bool:
         """A caller in a request/response loop read ``item`` of ``job`` itself. If the service
         thread is parked (nothing else on its way), the caller sends it and receives until
@@ -194,8 +179,7 @@ class CallerTurns:
         (``job.own``). False: nothing was sent (the feed sends it).
 
         Each step runs at every round trip, where a Python frame costs about 0.1 µs on a
-        core shared with the worker: the turn is taken, and the first message received and
-        looked at, inline (as :meth:`_take_turn` and :func:`_receive` do)."""
+        core shared with the worker: none only forwards a call."""
         turn = self.turn
         if turn is None or not turn.try_take():
             return False
@@ -208,12 +192,10 @@ class CallerTurns:
             # find: a quiet restart).
             if inp.abort or self.runner.producer_died() or not inp.send_direct([item], now=True):
                 return False
-            # Sent: a probe's feed may read ahead while its result is on its way. (Its common
-            # case inline, as _Job.sent_direct has it: one flag of this thread's own.)
-            if job.handing_back:
-                self.scheduler.sent_direct(job)
-            else:
-                job.caller_reads = False
+            # Sent: a probe's feed may read ahead while its result is on its way (as
+            # Scheduler.sent_direct says it, without its frame).
+            if job.sent_direct():
+                self.scheduler.notify()
             jid = job.jid
             index = item[1]
             route = self._route
@@ -221,17 +203,7 @@ class CallerTurns:
             # first look at the job is after the first receive.
             while True:
                 try:
-                    try:
-                        got = call.exchange(TICK)
-                    except WaitInterrupted:
-                        raise  # nothing was taken: the call goes on unless its caller ends it
-                    except BaseException as e:  # noqa: BLE001 - the loop ends the call, raises it
-                        got = [turn.chunks.throw(e)]
-                    else:
-                        if got is None:
-                            got = [next(turn.chunks)]  # the loop has other work first
-                        elif not got:
-                            break  # a tick without results, or a wake-up: see _receive
+                    got = call.exchange(TICK, turn.chunks)
                 except StopIteration:
                     left = Left(ended=True)
                     break
@@ -243,6 +215,11 @@ class CallerTurns:
                     if isinstance(e, WaitInterrupted):
                         raise KeyboardInterrupt from None
                     raise
+                if not got:
+                    # Nothing came within a tick, or a wake-up (other work on its way): the
+                    # caller leaves the stream to the service thread and waits the common
+                    # way, where Ctrl-C and other callers' work find the pool as always.
+                    break
                 for k, results in enumerate(got):
                     if len(results) == 1 and job.own is None:
                         r = results[0]
@@ -276,13 +253,15 @@ class CallerTurns:
         the service thread parks after tasks too for a while, so that the next ``apply`` of
         a loop finds it parked."""
         self.task_wait = time.monotonic()
-        turn = self._take_turn()
-        if turn is None:
+        turn = self.turn
+        if turn is None or not turn.try_take():
             return False
         call = turn.call
         left: Left | None = None
         wake = True
         try:
+            if call.input.abort or self.runner.producer_died():
+                return False  # as round_trip: the service thread's to find
             tid = self.scheduler.begin_task(fut)
             if tid is None:
                 return False  # closing: the caller's queueing says so
@@ -293,7 +272,7 @@ class CallerTurns:
             route = self._route
             while not fut.done():
                 try:
-                    got = _receive(turn)
+                    got = call.exchange(TICK, turn.chunks)
                 except StopIteration:
                     left = Left(ended=True)
                     break
@@ -305,8 +284,8 @@ class CallerTurns:
                 except BaseException:  # Ctrl-C inside the receiving loop: it ended
                     left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
                     raise
-                if got is None:
-                    break  # the service thread receives it
+                if not got:
+                    break  # the service thread receives it (as in round_trip)
                 for k, results in enumerate(got):
                     if all(r is not None and r[0] == 0 and r[1] == tid for r in results):
                         route(results)  # its own future, done in this thread
@@ -349,21 +328,3 @@ class CallerTurns:
             return False
         self.input_coming()  # a parked service thread takes the stream back
         return True
-
-
-def _receive(turn: Turn) -> list[list[Any]] | None:
-    """The next messages' results of the stream that ``turn``'s holder advances, by the
-    call's lean step (``Call.exchange``), else (an error to raise first…) by its receiving
-    loop, which ends the call on an error (an error of the lean step is thrown into it).
-    None: nothing came within a tick, or a wake-up came (other work on its way): the holder
-    leaves the stream to the service thread and waits the common way, where Ctrl-C and
-    other callers' work find the pool as they always do."""
-    try:
-        got = turn.call.exchange(TICK)
-    except WaitInterrupted:
-        raise  # nothing was taken: the call goes on unless its caller ends it
-    except BaseException as e:  # noqa: BLE001 - the loop ends the call and raises it
-        return [turn.chunks.throw(e)]
-    if got is None:
-        return [next(turn.chunks)]
-    return got or None
