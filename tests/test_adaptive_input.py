@@ -126,6 +126,121 @@ def test_an_input_that_turns_from_feedback_to_fast_is_taken_back():
         assert r.stats.batches < fast // 2
 
 
+def test_probe_intervals_grow_while_fast_and_aim_at_their_span():
+    """A probe interval doubles while the loop is fast, past any count (a fast loop is probed
+    a bounded share of its time however long it runs), settles at the span's items, and
+    shrinks to them at once when the loop slowed, never below the first interval."""
+    from easycore._engine.probes import PROBE_FIRST, PROBE_SPAN_S, next_probe_at
+
+    assert next_probe_at(PROBE_FIRST, 0.0) == 2 * PROBE_FIRST
+    assert next_probe_at(1 << 20, PROBE_SPAN_S / 10) == 1 << 21  # no cap in items
+    assert next_probe_at(1000, PROBE_SPAN_S) == 1000  # at the span: kept
+    assert next_probe_at(1000, 0.75 * PROBE_SPAN_S) == 1333  # near it: grows to it
+    assert next_probe_at(4000, 4 * PROBE_SPAN_S) == 1000  # slowed: shrinks to the span
+    assert next_probe_at(4000, 1000.0) == PROBE_FIRST  # items of seconds: the first interval
+
+
+@pytest.mark.parametrize("form", ["hooks", "imap"])
+def test_each_probe_comes_after_the_interval_the_schedule_gives(monkeypatch, form):
+    """The receiving thread hands the input back after exactly the interval the schedule
+    (``probes.next_probe_at``) gave, with that interval's items and its time: a schedule that
+    keeps the first interval (as for a slow loop) gets a probe every ``PROBE_FIRST`` items."""
+    import easycore._engine.input_side as input_side
+    from easycore._engine.probes import PROBE_FIRST
+
+    asked: list[tuple[int, float]] = []
+
+    def schedule(items: int, seconds: float) -> int:
+        asked.append((items, seconds))
+        return PROBE_FIRST
+
+    monkeypatch.setattr(input_side, "next_probe_at", schedule)
+    got: queue.Queue[int] = queue.Queue()
+
+    class Feedback(rd.Collect):
+        @staticmethod
+        def consumer_work(cfg, data):
+            cfg.out.append(data)
+            got.put(data)
+
+    with Feedback(devices=2, start_method="fork") as r:
+        if form == "hooks":
+            assert r(_feedback(N, got)) == list(range(N))
+        else:
+            out = []
+            for y in r.imap(_feedback(N, got)):
+                out.append(y)
+                got.put(y)
+            assert out == list(range(N))
+        # Each probe ends an interval of PROBE_FIRST direct reads (the first one's too), and
+        # the input goes back and forth: several probes in N items (one in 16 + a few).
+        assert len(asked) >= 3
+        assert all(items == PROBE_FIRST and seconds >= 0 for items, seconds in asked)
+        assert r.stats.direct_items >= PROBE_FIRST * len(asked)
+
+
+def test_a_call_that_follows_a_request_response_call_asks_for_its_input_at_once(monkeypatch):
+    """The runner's habit: a call that follows one whose receiving thread read its input
+    starts asking for its own at its first wait with nothing in flight, with its
+    predecessor's probe interval (at most PROBE_INHERITED_MAX); a list call leaves the habit
+    as it is."""
+    import easycore._engine.input_side as input_side
+    from easycore._engine.probes import DIRECT_AFTER, PROBE_FIRST, PROBE_INHERITED_MAX
+
+    starts: list[tuple[bool, int, int]] = []  # (adaptive, starved, probe_at) of each call
+    init = input_side.InputSide.__init__
+
+    def recording(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        starts.append((self.adaptive, self.starved, self.probe_at))
+
+    monkeypatch.setattr(input_side.InputSide, "__init__", recording)
+    got: queue.Queue[int] = queue.Queue()
+
+    class Feedback(rd.Collect):
+        @staticmethod
+        def consumer_work(cfg, data):
+            cfg.out.append(data)
+            got.put(data)
+
+    with Feedback(devices=2, start_method="fork") as r:
+        assert r(_feedback(N, got)) == list(range(N))
+        assert r.stats.direct_items > 0
+        assert r(list(range(10))) == list(range(10))
+        while not got.empty():
+            got.get()  # (that call's results: not feedback)
+        assert r(_feedback(N, got)) == list(range(N))
+    assert starts[0] == (True, 0, PROBE_FIRST)
+    assert starts[1][0] is False  # a list: not read adaptively
+    adaptive, starved, probe_at = starts[2]
+    assert adaptive and starved == DIRECT_AFTER - 1
+    assert PROBE_FIRST <= probe_at <= PROBE_INHERITED_MAX
+
+
+def test_a_call_whose_input_ran_ahead_ends_the_habit():
+    """How a call leaves the runner's habit (``InputSide.leave_habit``): its next interval
+    where its receiving thread read the input, none where the input ran ahead, untouched
+    where it could not tell (or the call was not read adaptively)."""
+    from types import SimpleNamespace
+
+    from easycore._engine.input_side import InputSide
+    from easycore._engine.probes import PROBE_INHERITED_MAX
+
+    def left(habit: int, **kw) -> int:
+        fields = {"adaptive": True, "handed_over": False, "took_several": False, "probe_at": 64}
+        side = SimpleNamespace(**{**fields, **kw})
+        side.learned = SimpleNamespace(probe_habit=habit)
+        InputSide.leave_habit(side)  # type: ignore[arg-type]
+        return side.learned.probe_habit
+
+    assert left(0, handed_over=True) == 64
+    assert left(32, handed_over=True, took_several=True) == 64
+    assert left(32, took_several=True) == 0
+    assert left(32) == 32  # too short to tell
+    assert left(0, handed_over=True, probe_at=1 << 20) == PROBE_INHERITED_MAX
+    assert left(32, adaptive=False, handed_over=True) == 32
+
+
 def test_input_errors_and_ends_in_the_direct_path():
     got: queue.Queue[int] = queue.Queue()
 

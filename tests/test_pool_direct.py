@@ -120,6 +120,32 @@ def test_a_feedback_input_that_turns_fast_is_read_ahead_again():
         assert p.stats.batches < fast // 2
 
 
+def test_each_probe_comes_after_the_interval_the_schedule_gives(monkeypatch):
+    """The caller hands the input back to the feed after exactly the interval the schedule
+    (``probes.next_probe_at``) gave, with that interval's items and its time: a schedule that
+    keeps the first interval (as for a slow loop) gets a probe every ``PROBE_FIRST`` items."""
+    import easycore.parallel.job as job
+    from easycore._engine.probes import PROBE_FIRST
+
+    asked: list[tuple[int, float]] = []
+
+    def schedule(items: int, seconds: float) -> int:
+        asked.append((items, seconds))
+        return PROBE_FIRST
+
+    monkeypatch.setattr(job, "next_probe_at", schedule)
+    got: queue.Queue[int] = queue.Queue()
+    with Pool(2) as p:
+        out: list[int] = []
+        _loop(p.imap(pd.same, _feedback(N, got)), got, out)
+        assert out == list(range(N))
+        # Each probe ends an interval of PROBE_FIRST items read by the caller, and the input
+        # goes back and forth: several probes in N items (one in 16 and a few).
+        assert len(asked) >= 3
+        assert all(items == PROBE_FIRST and seconds >= 0 for items, seconds in asked)
+        assert p.stats.direct_items >= PROBE_FIRST * len(asked)
+
+
 @pytest.mark.parametrize("how", ["submit", "apply", "map"])
 def test_a_loop_that_waits_for_a_task_before_its_next_item_does_not_wait_for_its_input(how):
     """Each round trip of a request/response loop runs a task (or a ``map`` of a list) and
@@ -184,7 +210,7 @@ def test_the_item_read_as_its_caller_hands_the_input_back_goes_out_first(monkeyp
     waits for that item's result, would never send it. Here the stream never lets the caller
     send its items itself (the feed sends them: the stream is busy with others' work, say),
     and the feed gets every chance to read on first."""
-    from easycore.parallel.job import _PROBE_FIRST
+    from easycore._engine.probes import PROBE_FIRST
     from easycore.parallel.service import StreamService
 
     got: queue.Queue[int] = queue.Queue()
@@ -206,18 +232,18 @@ def test_the_item_read_as_its_caller_hands_the_input_back_goes_out_first(monkeyp
             yield i
 
     def round_trip(self: StreamService, item: object, job: object) -> bool:
-        if in_a_row[0] == _PROBE_FIRST and not probed:
+        if in_a_row[0] == PROBE_FIRST and not probed:
             probed.append(in_a_row[0])
             feed_enters.wait(5)  # the feed's chance to read on before the item is queued
         return False  # queued for the feed
 
     monkeypatch.setattr(StreamService, "round_trip", round_trip)
-    n = 3 * _PROBE_FIRST
+    n = 3 * PROBE_FIRST
     with Pool(2) as p:
         out: list[int] = []
         _loop(p.imap(pd.same, feedback(n)), got, out)
         assert out == list(range(n))
-        assert probed == [_PROBE_FIRST]  # the caller read the input itself, to a probe
+        assert probed == [PROBE_FIRST]  # the caller read the input itself, to a probe
 
 
 def test_two_feedback_loops_from_two_threads():

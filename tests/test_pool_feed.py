@@ -388,6 +388,40 @@ def test_a_caller_asks_for_its_input_again_only_after_the_feed_began_to_read_it(
     assert list(it) == []
 
 
+def test_a_call_that_follows_a_request_response_call_asks_for_its_input_at_once():
+    """The pool's habit: a call that follows one whose caller read its input asks for its
+    own input at its first wait with nothing on its way, and starts with its predecessor's
+    probe interval (at most PROBE_INHERITED_MAX); a list or a chunked call leaves the habit
+    as it is; a call whose input ran ahead ends it."""
+    from easycore._engine.probes import DIRECT_AFTER, PROBE_FIRST, PROBE_INHERITED_MAX
+
+    def first_waits(job: _Job) -> list[int]:
+        with job.lock:
+            return [job.wait_step(True, lambda: True) for _ in range(DIRECT_AFTER)]
+
+    usual = [WAIT] * (DIRECT_AFTER - 1) + [ASK]
+    pool = FakePool()
+    pool.new_feed()
+    job = pool.open(1, iter(range(100)))
+    assert first_waits(job) == usual  # no habit yet
+    job.input_turn()  # handed over
+    job.probe_at = 10 * PROBE_INHERITED_MAX  # (as a fast loop's schedule may have it)
+    pool.scheduler.close_job(1)
+    for jid, data, chunksize in [(2, [1, 2, 3], None), (3, iter(range(9)), 2)]:
+        pool.open(jid, data, chunksize=chunksize)
+        pool.scheduler.close_job(jid)  # neither changes the habit
+    job = pool.open(4, iter(range(100)))
+    assert job.probe_at == PROBE_INHERITED_MAX
+    assert first_waits(job)[0] == ASK
+    job.ran_ahead()  # several results at once: this input runs ahead
+    pool.scheduler.close_job(4)
+    job = pool.open(5, iter(range(100)))
+    assert job.probe_at == PROBE_FIRST
+    assert first_waits(job) == usual
+    pool.scheduler.close_job(5)
+    pool.close()
+
+
 def test_work_left_for_the_feed_goes_as_it_begins_to_read_an_iterator_input():
     """A call of a list opened while the feed chose a request/response input to read next
     (nothing injected: the feed was not inside an input yet) goes as the feed begins that

@@ -60,10 +60,13 @@ class Learned:
         cost_per_item: producer seconds per item (sizes batches).
         out_bytes_per_item: pickled result bytes per item (bounds batches and the window
             by bytes).
+        probe_habit: how the next call's adaptive reading starts (``probes.py``): the
+            first probe interval of a call that follows a request/response one (0: none).
     """
 
     cost_per_item: float = 0.0
     out_bytes_per_item: float = 0.0
+    probe_habit: int = 0
 
 
 class GatedCall(Protocol):

@@ -34,17 +34,17 @@ from easycore._engine import leases, wire
 from easycore._engine.batching import Sizing
 from easycore._engine.host import Learned, StreamSettings
 from easycore._engine.lifecycle import TICK
+from easycore._engine.probes import (
+    DIRECT_AFTER,
+    PROBE_FIRST,
+    inherited_probe_at,
+    next_probe_at,
+)
 from easycore._engine.runs import Flag, IteratorRuns, RunSource
 from easycore._engine.stats import RunnerStats
 from easycore._engine.transport import Transport
 from easycore.errors import EasycoreError, QueueFull
 
-# Adaptive reading: after the receiving thread waited this many times in a row for input with
-# nothing in flight (never more than one item in flight between: a request/response input),
-# it asks the input thread for the input; after this many items read there, it hands the
-# input back (the interval doubles each time the input proves request/response still).
-_DIRECT_AFTER = 4
-_PROBE_FIRST, _PROBE_LAST = 16, 1024
 _SEQUENCES = (range, list, tuple)  # inputs sliced in place: reading them never blocks
 
 
@@ -116,7 +116,18 @@ class InputSide:
         self.direct_reads = 0  # items read by the receiving thread since the hand-over
         self.direct_total = 0  # items read by the receiving thread in this call
         self.injected = 0  # work items other threads queued (send_direct's ``queue``)
-        self.probe_at = _PROBE_FIRST  # direct reads before the input thread tries again
+        # Adaptive reading's schedule (``probes.py``): direct reads before the input thread
+        # tries again (a probe), and when the input was handed over (``reader._hand_over``).
+        self.probe_at = PROBE_FIRST
+        self.direct_since = 0.0
+        self.handed_over = False  # the receiving thread read the input itself (once at least)
+        self.took_several = False  # more than one item was in flight (the input ran ahead)
+        self.learned = learned
+        if self.adaptive and learned.probe_habit:
+            # The runner's last call was request/response (probes.py): ask at the first wait
+            # with nothing in flight (an input that runs ahead never waits so).
+            self.starved = DIRECT_AFTER - 1
+            self.probe_at = learned.probe_habit
         # Handed back (a probe) and the input thread has not read an item since: the
         # receiving thread does not ask for the input again until it did (on a loaded
         # machine it would ask before the input thread ran, and an input that turned fast
@@ -312,9 +323,11 @@ class InputSide:
                 # Try reading ahead again, while this item is in flight (sent first: what
                 # the input thread reads next goes behind it): an input that now runs ahead
                 # gets its batches back; a request/response one is handed back after its
-                # next item, and tried again twice as late.
-                self.probe_at = min(2 * self.probe_at, _PROBE_LAST)
-                self.starved = _DIRECT_AFTER - 1  # still request/response: ask at once
+                # next item, and tried again later (probes.py).
+                self.probe_at = next_probe_at(
+                    self.direct_reads, time.monotonic() - self.direct_since
+                )
+                self.starved = DIRECT_AFTER - 1  # still request/response: ask at once
                 with self.cond:
                     self.awaiting_reader = True
                     self.want_direct = False
@@ -335,6 +348,7 @@ class InputSide:
         A fast input, with many items in flight, never gets there."""
         if self.dispatched - self.delivered > 1:
             self.starved = 0  # it ran ahead
+            self.took_several = True
         elif (
             self.delivered >= self.dispatched
             and not self.reader_done
@@ -344,9 +358,21 @@ class InputSide:
             and self.unsent() <= 0
         ):
             self.starved += 1
-            if self.starved >= _DIRECT_AFTER:
+            if self.starved >= DIRECT_AFTER:
                 self.want_direct = True
                 self.cut_bulk()
+
+    def leave_habit(self) -> None:
+        """The call ends: how the runner's next call starts its adaptive reading
+        (``learned.probe_habit``, see probes.py): where the receiving thread read this
+        input, at its next probe interval; where the input ran ahead, as usual; else (a
+        call too short to tell) as this one did."""
+        if not self.adaptive:
+            return
+        if self.handed_over:
+            self.learned.probe_habit = inherited_probe_at(self.probe_at)
+        elif self.took_several:
+            self.learned.probe_habit = 0
 
     def input_ended(self) -> None:
         """The receiving thread saw the input end: a parked input thread ends too."""

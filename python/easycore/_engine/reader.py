@@ -5,6 +5,7 @@ hands a request/response input over to the receiving thread and waits to get it 
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from easycore._engine.input_side import InputSide
@@ -68,8 +69,9 @@ def _hand_over(side: InputSide) -> bool:
     receiving thread hands it back (see ``InputSide.read_and_send``); False: the call or the
     input is over meanwhile."""
     with side.cond:
-        side.direct = True
+        side.direct = side.handed_over = True
         side.direct_reads = 0
+        side.direct_since = time.monotonic()
         if side.receiver_waiting:
             side.workers.wake(side.call)  # it may sleep with nothing in flight
         while side.direct and not side.abort and not side.reader_done:

@@ -617,5 +617,6 @@ class Call:
     def _finish(self) -> None:
         self.ended = True
         self.input.join_reader()  # done reading: it only wakes the receiver on its way out
+        self.input.leave_habit()
         self._record_stats()
         self.host.gate.end(self)

@@ -6,23 +6,23 @@ from __future__ import annotations
 import collections
 import pickle
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence, Sized
 from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.pool import RemoteTraceback  # type: ignore[attr-defined]
 from typing import Any, cast
 
+from easycore._engine.probes import (
+    DIRECT_AFTER,
+    PROBE_FIRST,
+    inherited_probe_at,
+    next_probe_at,
+)
 from easycore._engine.reports import _loads_or_none, worker_error
 from easycore._engine.wire import describe_unpicklable
 from easycore.errors import SerializationError
 
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
-# A request/response input (item i+1 exists only once its caller took result i) is read by
-# its caller: after this many waits in a row with nothing on its way in the stream, the caller
-# asks the feed for the input; after this many items read itself, it hands the input back to
-# the feed (a probe: an input that now runs ahead is read in segments again), doubling each
-# time the input proves request/response still. As the runners do (``_engine/input_side``).
-_DIRECT_AFTER = 4
-_PROBE_FIRST, _PROBE_LAST = 16, 1024
 WAIT, READ, ASK = 0, 1, 2  # what a caller does when it finds no result (see wait_step)
 _FN_WIRE_MAX = 4096  # largest pickled function a worker keeps (see _Job.fn_wire)
 
@@ -195,8 +195,16 @@ class _Job:
         self.direct = False
         self.caller_reads = False
         self.starved = 0  # the caller's waits in a row with nothing on its way
+        # A request/response input (item i+1 exists only once its caller took result i) is
+        # read by its caller, as the runners do, on adaptive reading's schedule
+        # (``_engine/probes.py``): asked for after DIRECT_AFTER waits in a row with nothing
+        # on its way in the stream, handed back to the feed after probe_at items (a probe:
+        # an input that now runs ahead is read in segments again).
         self.direct_reads = 0  # items the caller read since the input was handed over
-        self.probe_at = _PROBE_FIRST
+        self.direct_since = 0.0  # when it was handed over (time.monotonic)
+        self.probe_at = PROBE_FIRST
+        self.handed_over = False  # the caller read the input itself (at least once)
+        self.took_several = False  # the caller took several results at once (ran ahead)
         # The caller's last read ends a probe interval: the input goes back to the feed once
         # that item is sent or queued (read_direct, sent_direct).
         self.handing_back = False
@@ -252,7 +260,7 @@ class _Job:
         """Under cv: the caller found nothing to take and is about to wait. :data:`READ`: it
         reads the next item itself now (its input was handed over and nothing of it is on
         its way); :data:`ASK`: it asks the feed for the input (it waited
-        ``_DIRECT_AFTER`` times in a row with nothing on its way in the stream,
+        ``DIRECT_AFTER`` times in a row with nothing on its way in the stream,
         ``drained()``: a request/response input); :data:`WAIT`: it waits. ``allowed``: the
         call and the pool allow it (no ``timeout``, no ``maxtasksperchild``)."""
         if self.direct:
@@ -277,7 +285,7 @@ class _Job:
         ):
             return WAIT
         self.starved += 1
-        if self.starved < _DIRECT_AFTER:
+        if self.starved < DIRECT_AFTER:
             return WAIT
         self.want_direct = True
         return ASK
@@ -285,6 +293,26 @@ class _Job:
     def ran_ahead(self) -> None:
         """The caller took several results at once: the input runs ahead."""
         self.starved = 0
+        self.took_several = True
+
+    def start_as(self, habit: int) -> None:
+        """A new call, on the pool's habit (:meth:`habit`; 0: none): a call that follows a
+        request/response one asks for its input at its first wait with nothing on its way
+        (an input that runs ahead never waits so), and keeps it that many items before its
+        first probe (``_engine/probes.py``)."""
+        if habit and self.it is not None and self.chunksize is None:
+            self.starved = DIRECT_AFTER - 1
+            self.probe_at = habit
+
+    def habit(self, previous: int) -> int:
+        """The pool's habit (see :meth:`start_as`) once this call ended: where its caller read
+        its input, its next probe interval; where its input ran ahead, none; else (a list, a
+        chunked input, a call too short to tell) ``previous``."""
+        if self.it is None or self.chunksize is not None:
+            return previous
+        if self.handed_over:
+            return inherited_probe_at(self.probe_at)
+        return 0 if self.took_several else previous
 
     def input_turn(self) -> None:
         """The feed, not reading this input (between segments, under the scheduler's lock):
@@ -296,8 +324,9 @@ class _Job:
                 if self.drain and not self.caller_reads:
                     self.direct = self.want_direct = False
             elif self.want_direct and not self.drain and not self.closed:
-                self.direct = True
+                self.direct = self.handed_over = True
                 self.direct_reads = 0
+                self.direct_since = time.monotonic()
                 self.cv.notify_all()
 
     def read_direct(self) -> tuple[int, int, Any, list[Any], int] | None:
@@ -336,8 +365,8 @@ class _Job:
         feed, which may block in an input waiting for that item's result, would never send
         an item queued after it began to read. The feed then reads ahead while the item is
         on its way: an input that now runs ahead is read in segments again; a
-        request/response one is asked for again at the caller's next wait, and kept twice as
-        long."""
+        request/response one is asked for again at the caller's next wait, and kept longer
+        (``_engine/probes.py``)."""
         if not self.caller_reads:
             return False  # said already (both flags are the calling thread's own to write)
         if not self.handing_back:
@@ -350,8 +379,10 @@ class _Job:
             back = self.handing_back
             if back:
                 self.handing_back = False
-                self.probe_at = min(2 * self.probe_at, _PROBE_LAST)
-                self.starved = _DIRECT_AFTER - 1
+                self.probe_at = next_probe_at(
+                    self.direct_reads, time.monotonic() - self.direct_since
+                )
+                self.starved = DIRECT_AFTER - 1
                 self.direct = self.want_direct = False
                 self.awaiting_feed = True
         return back

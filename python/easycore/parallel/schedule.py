@@ -80,6 +80,7 @@ class Scheduler:
         self._running: dict[int, Future[Any]] = {}  # sent tasks by id
         self._resend: collections.deque[_WorkItem] = collections.deque()  # see resend()
         self._jobs: dict[int, _Job] = {}  # open map/imap calls by id
+        self._habit = 0  # how the next call starts (_Job.habit, _Job.start_as)
         self._ids = itertools.count(1)  # of tasks and jobs alike
         self._turn = 0  # the next job to take items from, round robin
         self._generation = 0  # the stream's number: a feed of an older one takes nothing
@@ -160,6 +161,7 @@ class Scheduler:
             if self._closing:
                 return None
             job = make(next(self._ids))
+            job.start_as(self._habit)
             self._jobs[job.jid] = job
             self._send_ready()
             self._cut()  # its turn comes at the next segment
@@ -169,7 +171,9 @@ class Scheduler:
     def close_job(self, jid: int) -> None:
         """Forgets job ``jid`` (finished or abandoned): its input is not read further."""
         with self._cv:
-            self._jobs.pop(jid, None)
+            job = self._jobs.pop(jid, None)
+            if job is not None:
+                self._habit = job.habit(self._habit)
             self._cut()  # stop reading its input
             self._cv.notify_all()
 

@@ -1,0 +1,49 @@
+"""Adaptive reading's schedule, for the runners (``input_side.py``, ``reader.py``) and the
+pool (``parallel/job.py``) alike: when a caller takes over a request/response input (item
+``i + 1`` exists only once result ``i`` arrived), and how often it hands the input back to
+the input thread to see whether it runs ahead now (a probe).
+
+* The caller asks for the input after :data:`DIRECT_AFTER` waits in a row with nothing on
+  its way.
+* The first probe comes after :data:`PROBE_FIRST` items read by the caller. Each probe that
+  finds the input request/response still sets the next interval by :func:`next_probe_at`: it
+  aims at :data:`PROBE_SPAN_S` of the loop's own time, growing at most twofold a probe. A
+  probe costs a few hand-offs between threads (a fraction of a millisecond where they share
+  one core), so a fast loop spends a bounded share of its time on them (about 0.4 % at
+  0.4 ms a probe) however long it runs, and an input that turns fast is read ahead again
+  within about that span; a slow loop (items of a second) is probed every
+  :data:`PROBE_FIRST` items, a cost it does not notice.
+
+An input that slows down within an interval is probed once that interval's items are read
+(at its new pace); the interval then shrinks to the span at once.
+
+A pool's call that follows a request/response call (the pool's habit: ``parallel/job.py``)
+asks for its input at its first wait with nothing on its way, and starts with its
+predecessor's interval (:func:`inherited_probe_at`): a loop that makes many short calls
+pays the start and the first probes once, not at every call.
+"""
+
+from __future__ import annotations
+
+DIRECT_AFTER = 4  #: waits in a row with nothing on its way before the caller asks
+PROBE_FIRST = 16  #: items the caller reads before the first probe, and at least between two
+PROBE_SPAN_S = 0.1  #: the time a probe interval aims at (seconds of the loop's own pace)
+#: The longest interval a call inherits: an input that runs ahead from the start of a call
+#: that followed a request/response one is read ahead again after at most that many items.
+PROBE_INHERITED_MAX = 256
+
+
+def next_probe_at(items: int, seconds: float) -> int:
+    """The next probe interval in items, after an interval of ``items`` items that took
+    ``seconds`` (from the hand-over to the probe): twice as long while the loop is fast,
+    about :data:`PROBE_SPAN_S` of its pace once that is reached, never below
+    :data:`PROBE_FIRST`."""
+    if seconds * 2 <= PROBE_SPAN_S:
+        return 2 * items  # (also a clock that did not move: the common case of a fast loop)
+    return max(PROBE_FIRST, min(2 * items, int(items * PROBE_SPAN_S / seconds)))
+
+
+def inherited_probe_at(items: int) -> int:
+    """The first probe interval of a call that follows a request/response call whose next
+    interval was ``items``."""
+    return max(PROBE_FIRST, min(items, PROBE_INHERITED_MAX))
