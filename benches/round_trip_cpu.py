@@ -6,13 +6,16 @@ Run::
     .venv/bin/python benches/round_trip_cpu.py                  # 30,000 round trips each
     taskset -c 1 .venv/bin/python benches/round_trip_cpu.py     # every process on one core
     .venv/bin/python benches/round_trip_cpu.py --workers 2      # as the bench's default
+    .venv/bin/python benches/round_trip_cpu.py --items 100 --calls 300  # short calls
 
 Each system runs the bench's ``latency`` workload through the bench's own systems (its
 runner, pool and Pipe sessions): item ``i + 1`` of the input exists only once result
 ``i`` reached ``consumer_work``, one worker (``--workers``: the runner's and the pool's;
 the ``Pipe`` loop has one), ``x * x`` per item. After a warm-up call it
-times one call of ``--items`` round trips and reads the CPU time of the caller (all its
-threads) and of its children (``/proc/<pid>/stat``) around it. On a machine where the
+times ``--calls`` calls (one by default) of ``--items`` round trips each, one after the
+other (what a loop of short request/response calls pays at each call's start shows with
+many short ones), and reads the CPU time of the caller (all its threads) and of its
+children (``/proc/<pid>/stat``) around them. On a machine where the
 two sides share a core (pinned, or beside busy processes) a round trip costs about the
 sum of both sides' CPU; on an idle machine the wake-ups across cores dominate. The context
 switches of the caller's threads and of the workers' per round trip follow (``/proc``;
@@ -39,15 +42,17 @@ _SYSTEMS = {
 }
 
 
-def _measure(name: str, call: Callable[[Iterable[int]], Any], n: int) -> None:
+def _measure(name: str, call: Callable[[Iterable[int]], Any], n: int, calls: int) -> None:
     call(W.feedback_data(200))  # warm-up: workers started, costs learned
     s0, ks0 = switches(), children_switches()
     k0, c0, t0 = children_cpu(), os.times(), time.perf_counter()
-    got = call(W.feedback_data(n))
+    for _ in range(calls):
+        got = call(W.feedback_data(n))
+        if got != W.expected_square_sum(n):
+            raise SystemExit(f"{name}: wrong result {got}")
     t1, c1, k1 = time.perf_counter(), os.times(), children_cpu()
     s1, ks1 = switches(), children_switches()
-    if got != W.expected_square_sum(n):
-        raise SystemExit(f"{name}: wrong result {got}")
+    n *= calls
     us = 1e6 / n
     caller = (c1.user - c0.user + c1.system - c0.system) * us
     print(
@@ -66,13 +71,16 @@ def main() -> None:
     ap.add_argument(
         "--workers", type=int, default=1, help="worker processes of the runner and the pool"
     )
+    ap.add_argument("--calls", type=int, default=1, help="timed calls of --items each")
     args = ap.parse_args()
     n = args.items
+    if n < 1 or args.calls < 1:
+        raise SystemExit("--items and --calls must be at least 1")
     w = W.WORKLOADS["latency"]
     job = S.Job(hooks=w.hooks, ordered=False, devices=["cpu"] * args.workers, make_data=w.make_data)
     for key, name in _SYSTEMS.items():
         with S.SYSTEMS[key].session(job) as call:
-            _measure(name, call, n)
+            _measure(name, call, n, args.calls)
 
 
 if __name__ == "__main__":
