@@ -40,7 +40,7 @@ from easycore._engine.probes import (
     inherited_probe_at,
     next_probe_at,
 )
-from easycore._engine.runs import Flag, IteratorRuns, RunSource
+from easycore._engine.runs import FLAG_ON, Flag, IteratorRuns, RunSource
 from easycore._engine.stats import RunnerStats
 from easycore._engine.transport import Transport
 from easycore.errors import EasycoreError, QueueFull
@@ -213,12 +213,17 @@ class InputSide:
         self.receiver_waiting = True
         if self.adaptive and not self.want_direct:
             self.note_starved()
-        # (producer_idle inline, and the flag set only if it changes: once per round trip)
+        # (producer_idle, Flag.set and cut_bulk inline, the flag set only if it changes:
+        # a request/response loop with two producers passes here at every round trip)
         need = self.stats.batches - self.results_in < self.n
-        if need or self.attention:
-            self.attention.set(need)
+        attention = self.attention
         if need:
-            self.cut_bulk()  # a run being extended ends after its item
+            if not attention:
+                attention[:] = FLAG_ON
+            if self.bulk and self.runs is not None:
+                self.runs.cut()  # a run being extended ends after its item
+        elif attention:
+            attention[:] = ()
         # Whether there is a batch to send first: not while one waits for room; queued work
         # is; items read and not sent are unless the sender is blind (a sliced sequence is
         # sent by the receiver as it goes: nothing comes behind its back).
@@ -244,8 +249,9 @@ class InputSide:
     def receiver_woke(self) -> None:
         """The receiving thread no longer sleeps."""
         self.receiver_waiting = False
-        if self.abort or self.attention:
-            self.attention.set(self.abort)
+        attention = self.attention
+        if attention or self.abort:
+            attention[:] = FLAG_ON if self.abort else ()  # (Flag.set inline)
 
     def result_received(self, seq: int, n_results: int) -> int:
         """A result message of batch ``seq`` came with ``n_results`` results: returns the

@@ -56,10 +56,10 @@ class Flag(list[Any]):
 
     def set(self, value: bool = True) -> None:
         """Sets (or, with False, clears) the flag."""
-        self[:] = _SET if value else ()
+        self[:] = FLAG_ON if value else ()
 
 
-_SET = (True,)
+FLAG_ON = (True,)  #: a set :class:`Flag`'s contents (``flag[:] = FLAG_ON``: set inline)
 
 
 def gated(it: Iterator[Any], n: int) -> tuple[Iterator[Any], list[None]]:
