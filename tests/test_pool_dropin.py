@@ -244,6 +244,28 @@ def test_a_dropped_executor_finishes_its_pending_futures() -> None:
     assert [f.result(timeout=60) for f in futs] == [i * i for i in range(6)]
 
 
+def test_an_executor_shut_down_and_dropped_later_starts_no_thread(monkeypatch) -> None:
+    # Shut down with wait, an executor has nothing left to drain: collected later (here in a
+    # reference cycle, as pytest.raises makes one: whenever the collector runs, maybe while
+    # the program forks), it started a thread that joined the joined pool, beside that fork.
+    import easycore.parallel.executor as executor
+
+    drained: list[object] = []
+    monkeypatch.setattr(executor, "_drain_dropped", drained.append)
+    for wait in (True, False):
+        ex = PoolExecutor(1, start_method="fork")
+        cycle = [ex]
+        cycle.append(cycle)
+        assert ex.submit(pd.square, 3).result(timeout=60) == 9
+        ex.shutdown(wait=wait)
+        if not wait:
+            ex.pool.join()
+        del ex, cycle
+        gc.collect()
+    # Shut down without wait: the drop still holds its pool until its work is done.
+    assert len(drained) == 1
+
+
 def _sleepy(x: int) -> int:
     time.sleep(0.01)
     return x

@@ -165,7 +165,8 @@ class PoolExecutor(Executor):
         _LIVE.add(self.pool)
         # Dropped without shutdown(): as ProcessPoolExecutor, shutdown(wait=False), the
         # pending futures still finish (at exit, _finish_at_exit waits for them).
-        weakref.finalize(self, _drain_dropped, self.pool).atexit = False
+        self._dropped = weakref.finalize(self, _drain_dropped, self.pool)
+        self._dropped.atexit = False
 
     def submit(self, fn: Callable[_P, _T], /, *args: _P.args, **kwargs: _P.kwargs) -> Future[_T]:
         """Schedules ``fn(*args, **kwargs)`` (see :meth:`Pool.submit`).
@@ -237,6 +238,10 @@ class PoolExecutor(Executor):
         pool.close()
         if wait:
             pool.join()
+            # Nothing is left to drain: dropped later (often in a reference cycle, collected
+            # whenever the collector runs), the executor starts no thread, which would
+            # otherwise run beside whatever the program then forks.
+            self._dropped.detach()
 
     # ----- ProcessPoolExecutor's private attributes, which code written for it reads -----
 
