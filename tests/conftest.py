@@ -164,3 +164,23 @@ def no_leaks():
     segs = _settle(leftover_segments)
     assert not kids, f"child processes left behind: {sorted(kids)}"
     assert not segs, f"shared-memory segments left behind: {sorted(segs)}"
+
+
+@pytest.fixture
+def probes_asked(monkeypatch):
+    """Adaptive reading's schedule (``probes.next_probe_at``), where the runners and the pool
+    use it, replaced by one that keeps the first interval (as for a slow loop); the list of
+    each ended interval's ``(items, seconds)``."""
+    import easycore._engine.input_side as input_side
+    import easycore.parallel.job as job
+    from easycore._engine.probes import PROBE_FIRST
+
+    asked: list[tuple[int, float]] = []
+
+    def schedule(items: int, seconds: float) -> int:
+        asked.append((items, seconds))
+        return PROBE_FIRST
+
+    for module in (input_side, job):
+        monkeypatch.setattr(module, "next_probe_at", schedule)
+    return asked

@@ -6,6 +6,7 @@ import ctypes
 import os
 import signal
 import time
+from typing import Any
 
 from easycore.common.parallel import OrderedRunner, UnorderedRunner
 
@@ -41,6 +42,20 @@ class Collect(OrderedRunner):
     @staticmethod
     def consumer_end(cfg):
         return cfg.out
+
+
+def feeding(got: Any) -> type[Collect]:
+    """A :class:`Collect` whose ``consumer_work`` also puts each result into ``got`` (a
+    queue): a feedback input waits on it for its next item. Made at run time: for the fork
+    start method only."""
+
+    class Feedback(Collect):
+        @staticmethod
+        def consumer_work(cfg, data):
+            cfg.out.append(data)
+            got.put(data)
+
+    return Feedback
 
 
 class CollectUnordered(UnorderedRunner):

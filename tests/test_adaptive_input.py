@@ -46,11 +46,7 @@ def test_feedback_input_through_hooks_is_read_directly():
     got: queue.Queue[int] = queue.Queue()
     names: list[str] = []
 
-    class Feedback(rd.Collect):
-        @staticmethod
-        def consumer_work(cfg, data):
-            cfg.out.append(data)
-            got.put(data)
+    Feedback = rd.feeding(got)
 
     def gen() -> Iterator[int]:
         for x in _feedback(N, got):
@@ -141,27 +137,16 @@ def test_probe_intervals_grow_while_fast_and_aim_at_their_span():
 
 
 @pytest.mark.parametrize("form", ["hooks", "imap"])
-def test_each_probe_comes_after_the_interval_the_schedule_gives(monkeypatch, form):
+def test_each_probe_comes_after_the_interval_the_schedule_gives(probes_asked, form):
     """The receiving thread hands the input back after exactly the interval the schedule
     (``probes.next_probe_at``) gave, with that interval's items and its time: a schedule that
     keeps the first interval (as for a slow loop) gets a probe every ``PROBE_FIRST`` items."""
-    import easycore._engine.input_side as input_side
     from easycore._engine.probes import PROBE_FIRST
 
-    asked: list[tuple[int, float]] = []
-
-    def schedule(items: int, seconds: float) -> int:
-        asked.append((items, seconds))
-        return PROBE_FIRST
-
-    monkeypatch.setattr(input_side, "next_probe_at", schedule)
+    asked = probes_asked
     got: queue.Queue[int] = queue.Queue()
 
-    class Feedback(rd.Collect):
-        @staticmethod
-        def consumer_work(cfg, data):
-            cfg.out.append(data)
-            got.put(data)
+    Feedback = rd.feeding(got)
 
     with Feedback(devices=2, start_method="fork") as r:
         if form == "hooks":
@@ -197,11 +182,7 @@ def test_a_call_that_follows_a_request_response_call_asks_for_its_input_at_once(
     monkeypatch.setattr(input_side.InputSide, "__init__", recording)
     got: queue.Queue[int] = queue.Queue()
 
-    class Feedback(rd.Collect):
-        @staticmethod
-        def consumer_work(cfg, data):
-            cfg.out.append(data)
-            got.put(data)
+    Feedback = rd.feeding(got)
 
     with Feedback(devices=2, start_method="fork") as r:
         assert r(_feedback(N, got)) == list(range(N))

@@ -120,20 +120,13 @@ def test_a_feedback_input_that_turns_fast_is_read_ahead_again():
         assert p.stats.batches < fast // 2
 
 
-def test_each_probe_comes_after_the_interval_the_schedule_gives(monkeypatch):
+def test_each_probe_comes_after_the_interval_the_schedule_gives(probes_asked):
     """The caller hands the input back to the feed after exactly the interval the schedule
     (``probes.next_probe_at``) gave, with that interval's items and its time: a schedule that
     keeps the first interval (as for a slow loop) gets a probe every ``PROBE_FIRST`` items."""
-    import easycore.parallel.job as job
     from easycore._engine.probes import PROBE_FIRST
 
-    asked: list[tuple[int, float]] = []
-
-    def schedule(items: int, seconds: float) -> int:
-        asked.append((items, seconds))
-        return PROBE_FIRST
-
-    monkeypatch.setattr(job, "next_probe_at", schedule)
+    asked = probes_asked
     got: queue.Queue[int] = queue.Queue()
     with Pool(2) as p:
         out: list[int] = []

@@ -216,11 +216,7 @@ def test_feedback_input_does_not_deadlock_imap(runner_cls):
 def test_feedback_input_does_not_deadlock_hooks():
     got: queue.Queue = queue.Queue()
 
-    class Feedback(rd.Collect):
-        @staticmethod
-        def consumer_work(cfg, data):
-            cfg.out.append(data)
-            got.put(data)
+    Feedback = rd.feeding(got)
 
     with Feedback(devices=2, start_method="fork") as r:
         assert r(range(20_000)) == list(range(20_000))
