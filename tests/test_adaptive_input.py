@@ -164,13 +164,18 @@ def test_each_probe_comes_after_the_interval_the_schedule_gives(probes_asked, fo
         assert r.stats.direct_items >= PROBE_FIRST * len(asked)
 
 
-def test_a_call_that_follows_a_request_response_call_asks_for_its_input_at_once(monkeypatch):
+def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner(monkeypatch):
     """The runner's habit: a call that follows one whose receiving thread read its input
-    starts asking for its own at its first wait with nothing in flight, with its
+    asks for its own after HABIT_AFTER waits with nothing in flight, with its
     predecessor's probe interval (at most PROBE_INHERITED_MAX); a list call leaves the habit
     as it is."""
     import easycore._engine.input_side as input_side
-    from easycore._engine.probes import DIRECT_AFTER, PROBE_FIRST, PROBE_INHERITED_MAX
+    from easycore._engine.probes import (
+        DIRECT_AFTER,
+        HABIT_AFTER,
+        PROBE_FIRST,
+        PROBE_INHERITED_MAX,
+    )
 
     starts: list[tuple[bool, int, int]] = []  # (adaptive, starved, probe_at) of each call
     init = input_side.InputSide.__init__
@@ -194,7 +199,7 @@ def test_a_call_that_follows_a_request_response_call_asks_for_its_input_at_once(
     assert starts[0] == (True, 0, PROBE_FIRST)
     assert starts[1][0] is False  # a list: not read adaptively
     adaptive, starved, probe_at = starts[2]
-    assert adaptive and starved == DIRECT_AFTER - 1
+    assert adaptive and starved == DIRECT_AFTER - HABIT_AFTER
     assert PROBE_FIRST <= probe_at <= PROBE_INHERITED_MAX
 
 

@@ -388,12 +388,17 @@ def test_a_caller_asks_for_its_input_again_only_after_the_feed_began_to_read_it(
     assert list(it) == []
 
 
-def test_a_call_that_follows_a_request_response_call_asks_for_its_input_at_once():
+def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner():
     """The pool's habit: a call that follows one whose caller read its input asks for its
-    own input at its first wait with nothing on its way, and starts with its predecessor's
+    own input after HABIT_AFTER waits with nothing on its way, and starts with its predecessor's
     probe interval (at most PROBE_INHERITED_MAX); a list or a chunked call leaves the habit
     as it is; a call whose input ran ahead ends it."""
-    from easycore._engine.probes import DIRECT_AFTER, PROBE_FIRST, PROBE_INHERITED_MAX
+    from easycore._engine.probes import (
+        DIRECT_AFTER,
+        HABIT_AFTER,
+        PROBE_FIRST,
+        PROBE_INHERITED_MAX,
+    )
 
     def first_waits(job: _Job) -> list[int]:
         with job.lock:
@@ -412,7 +417,7 @@ def test_a_call_that_follows_a_request_response_call_asks_for_its_input_at_once(
         pool.scheduler.close_job(jid)  # neither changes the habit
     job = pool.open(4, iter(range(100)))
     assert job.probe_at == PROBE_INHERITED_MAX
-    assert first_waits(job)[0] == ASK
+    assert first_waits(job)[:HABIT_AFTER] == [WAIT] * (HABIT_AFTER - 1) + [ASK]
     job.ran_ahead()  # several results at once: this input runs ahead
     pool.scheduler.close_job(4)
     job = pool.open(5, iter(range(100)))

@@ -36,6 +36,7 @@ from easycore._engine.host import Learned, StreamSettings
 from easycore._engine.lifecycle import TICK
 from easycore._engine.probes import (
     DIRECT_AFTER,
+    HABIT_AFTER,
     PROBE_FIRST,
     inherited_probe_at,
     next_probe_at,
@@ -124,9 +125,9 @@ class InputSide:
         self.took_several = False  # more than one item was in flight (the input ran ahead)
         self.learned = learned
         if self.adaptive and learned.probe_habit:
-            # The runner's last call was request/response (probes.py): ask at the first wait
-            # with nothing in flight (an input that runs ahead never waits so).
-            self.starved = DIRECT_AFTER - 1
+            # The runner's last call was request/response (probes.py): ask after HABIT_AFTER
+            # waits with nothing in flight (an input that runs ahead seldom waits so).
+            self.starved = DIRECT_AFTER - HABIT_AFTER
             self.probe_at = learned.probe_habit
         # Handed back (a probe) and the input thread has not read an item since: the
         # receiving thread does not ask for the input again until it did (on a loaded

@@ -17,15 +17,18 @@ the input thread to see whether it runs ahead now (a probe).
 An input that slows down within an interval is probed once that interval's items are read
 (at its new pace); the interval then shrinks to the span at once.
 
-A pool's call that follows a request/response call (the pool's habit: ``parallel/job.py``)
-asks for its input at its first wait with nothing on its way, and starts with its
-predecessor's interval (:func:`inherited_probe_at`): a loop that makes many short calls
-pays the start and the first probes once, not at every call.
+A call that follows a request/response call of the same runner or pool (its habit:
+``input_side.py``, ``parallel/job.py``) asks for its input after :data:`HABIT_AFTER` such
+waits, and starts with its predecessor's interval (:func:`inherited_probe_at`): a loop
+that makes many short calls pays the start and the first probes once, not at every call.
 """
 
 from __future__ import annotations
 
 DIRECT_AFTER = 4  #: waits in a row with nothing on its way before the caller asks
+#: The same, for a call that follows a request/response call: not at its first wait, which
+#: is often its start, before its input was read at all (a fast input would be taken over).
+HABIT_AFTER = 2
 PROBE_FIRST = 16  #: items the caller reads before the first probe, and at least between two
 PROBE_SPAN_S = 0.1  #: the time a probe interval aims at (seconds of the loop's own pace)
 #: The longest interval a call inherits: an input that runs ahead from the start of a call

@@ -14,6 +14,7 @@ from typing import Any, cast
 
 from easycore._engine.probes import (
     DIRECT_AFTER,
+    HABIT_AFTER,
     PROBE_FIRST,
     inherited_probe_at,
     next_probe_at,
@@ -297,11 +298,11 @@ class _Job:
 
     def start_as(self, habit: int) -> None:
         """A new call, on the pool's habit (:meth:`habit`; 0: none): a call that follows a
-        request/response one asks for its input at its first wait with nothing on its way
-        (an input that runs ahead never waits so), and keeps it that many items before its
-        first probe (``_engine/probes.py``)."""
+        request/response one asks for its input after ``HABIT_AFTER`` waits with nothing on
+        its way (an input that runs ahead seldom waits so), and keeps it that many items
+        before its first probe (``_engine/probes.py``)."""
         if habit and self.it is not None and self.chunksize is None:
-            self.starved = DIRECT_AFTER - 1
+            self.starved = DIRECT_AFTER - HABIT_AFTER
             self.probe_at = habit
 
     def habit(self, previous: int) -> int:
