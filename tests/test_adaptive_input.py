@@ -227,6 +227,37 @@ def test_a_call_whose_input_ran_ahead_ends_the_habit():
     assert left(32, adaptive=False, handed_over=True) == 32
 
 
+def test_no_wait_counts_before_a_result_came():
+    """At a call's start (nothing delivered yet) the receiving thread's waits do not count
+    towards asking for the input, even on the habit of a request/response call: the input
+    may not have been read at all, and a fast one would be taken over. The first wait with
+    nothing in flight after a result does."""
+    from types import SimpleNamespace
+
+    from easycore._engine.input_side import InputSide
+    from easycore._engine.probes import DIRECT_AFTER, HABIT_AFTER
+
+    side = SimpleNamespace(
+        dispatched=0,
+        delivered=0,
+        reader_done=False,
+        awaiting_reader=False,
+        pending=None,
+        urgent=False,
+        unsent=lambda: 0,
+        starved=DIRECT_AFTER - HABIT_AFTER,
+        took_several=False,
+        want_direct=False,
+        cut_bulk=lambda: None,
+    )
+    for _ in range(9):
+        InputSide.note_starved(side)  # type: ignore[arg-type]
+    assert side.starved == DIRECT_AFTER - HABIT_AFTER and not side.want_direct
+    side.dispatched = side.delivered = 1
+    InputSide.note_starved(side)  # type: ignore[arg-type]
+    assert side.want_direct
+
+
 def test_input_errors_and_ends_in_the_direct_path():
     got: queue.Queue[int] = queue.Queue()
 

@@ -390,9 +390,9 @@ def test_a_caller_asks_for_its_input_again_only_after_the_feed_began_to_read_it(
 
 def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner():
     """The pool's habit: a call that follows one whose caller read its input asks for its
-    own input after HABIT_AFTER waits with nothing on its way, and starts with its predecessor's
-    probe interval (at most PROBE_INHERITED_MAX); a list or a chunked call leaves the habit
-    as it is; a call whose input ran ahead ends it."""
+    own input after HABIT_AFTER waits with nothing on its way (once it took a result), and
+    starts with its predecessor's probe interval (at most PROBE_INHERITED_MAX); a list or a
+    chunked call leaves the habit as it is; a call whose input ran ahead ends it."""
     from easycore._engine.probes import (
         DIRECT_AFTER,
         HABIT_AFTER,
@@ -402,6 +402,9 @@ def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner()
 
     def first_waits(job: _Job) -> list[int]:
         with job.lock:
+            # At the call's start (no result taken yet) no wait counts, habit or not.
+            assert [job.wait_step(True, lambda: True) for _ in range(9)] == [WAIT] * 9
+            job.pulled = job.consumed = 1  # an item read, its result taken
             return [job.wait_step(True, lambda: True) for _ in range(DIRECT_AFTER)]
 
     usual = [WAIT] * (DIRECT_AFTER - 1) + [ASK]

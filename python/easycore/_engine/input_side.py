@@ -349,7 +349,8 @@ class InputSide:
 
     def note_starved(self) -> None:
         """The receiving thread, about to wait (adaptive reading): it counts the waits for
-        input with nothing in flight and nothing buffered, and after a few in a row (never
+        input with nothing in flight and nothing buffered, once a result came (before, the
+        input may not have been read at all), and after a few in a row (never
         more than one item in flight between them) asks the input thread for the input
         (``want_direct``: the input thread hands it over after the item it is reading).
         A fast input, with many items in flight, never gets there."""
@@ -358,6 +359,7 @@ class InputSide:
             self.took_several = True
         elif (
             self.delivered >= self.dispatched
+            and self.delivered  # (not at the call's start: its input may not have been read)
             and not self.reader_done
             and not self.awaiting_reader
             and self.pending is None

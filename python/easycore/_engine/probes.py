@@ -25,10 +25,10 @@ that makes many short calls pays the start and the first probes once, not at eve
 
 from __future__ import annotations
 
-DIRECT_AFTER = 4  #: waits in a row with nothing on its way before the caller asks
-#: The same, for a call that follows a request/response call: not at its first wait, which
-#: is often its start, before its input was read at all (a fast input would be taken over).
-HABIT_AFTER = 2
+#: Waits in a row with nothing on its way, once a result came (before, the input may not
+#: have been read at all: a fast one would be taken over), before the caller asks.
+DIRECT_AFTER = 4
+HABIT_AFTER = 1  #: the same, for a call that follows a request/response call
 PROBE_FIRST = 16  #: items the caller reads before the first probe, and at least between two
 PROBE_SPAN_S = 0.1  #: the time a probe interval aims at (seconds of the loop's own pace)
 #: The longest interval a call inherits: an input that runs ahead from the start of a call

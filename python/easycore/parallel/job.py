@@ -262,8 +262,9 @@ class _Job:
         reads the next item itself now (its input was handed over and nothing of it is on
         its way); :data:`ASK`: it asks the feed for the input (it waited
         ``DIRECT_AFTER`` times in a row with nothing on its way in the stream,
-        ``drained()``: a request/response input); :data:`WAIT`: it waits. ``allowed``: the
-        call and the pool allow it (no ``timeout``, no ``maxtasksperchild``)."""
+        ``drained()``, once it took a result: a request/response input); :data:`WAIT`: it
+        waits. ``allowed``: the call and the pool allow it (no ``timeout``, no
+        ``maxtasksperchild``)."""
         if self.direct:
             if (
                 self.consumed >= self.pulled
@@ -283,6 +284,7 @@ class _Job:
             or self.closed
             or not drained()
             or self.awaiting_feed
+            or not self.consumed  # (the call's start: its input may not have been read yet)
         ):
             return WAIT
         self.starved += 1
