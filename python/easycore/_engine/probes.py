@@ -4,7 +4,7 @@ pool (``parallel/job.py``) alike: when a caller takes over a request/response in
 the input thread to see whether it runs ahead now (a probe).
 
 * The caller asks for the input after :data:`DIRECT_AFTER` waits in a row with nothing on
-  its way.
+  its way, counted once a result came.
 * The first probe comes after :data:`PROBE_FIRST` items read by the caller. Each probe that
   finds the input request/response still sets the next interval by :func:`next_probe_at`: it
   aims at :data:`PROBE_SPAN_S` of the loop's own time, growing at most twofold a probe. A
