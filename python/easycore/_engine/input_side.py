@@ -38,7 +38,7 @@ from easycore._engine.probes import (
     DIRECT_AFTER,
     HABIT_AFTER,
     PROBE_FIRST,
-    inherited_probe_at,
+    habit_after,
     next_probe_at,
 )
 from easycore._engine.runs import FLAG_ON, Flag, IteratorRuns, RunSource
@@ -376,12 +376,11 @@ class InputSide:
         (``learned.probe_habit``, see probes.py): where the receiving thread read this
         input, at its next probe interval; where the input ran ahead, as usual; else (a
         call too short to tell) as this one did."""
-        if not self.adaptive:
-            return
-        if self.handed_over:
-            self.learned.probe_habit = inherited_probe_at(self.probe_at)
-        elif self.took_several:
-            self.learned.probe_habit = 0
+        if self.adaptive:
+            learned = self.learned
+            learned.probe_habit = habit_after(
+                learned.probe_habit, self.handed_over, self.took_several, self.probe_at
+            )
 
     def input_ended(self) -> None:
         """The receiving thread saw the input end: a parked input thread ends too."""

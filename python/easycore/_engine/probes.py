@@ -19,7 +19,7 @@ An input that slows down within an interval is probed once that interval's items
 
 A call that follows a request/response call of the same runner or pool (its habit:
 ``input_side.py``, ``parallel/job.py``) asks for its input after :data:`HABIT_AFTER` such
-waits, and starts with its predecessor's interval (:func:`inherited_probe_at`): a loop
+waits, and starts with its predecessor's interval (:func:`habit_after`): a loop
 that makes many short calls pays the start and the first probes once, not at every call.
 """
 
@@ -46,7 +46,11 @@ def next_probe_at(items: int, seconds: float) -> int:
     return max(PROBE_FIRST, min(2 * items, int(items * PROBE_SPAN_S / seconds)))
 
 
-def inherited_probe_at(items: int) -> int:
-    """The first probe interval of a call that follows a request/response call whose next
-    interval was ``items``."""
-    return max(PROBE_FIRST, min(items, PROBE_INHERITED_MAX))
+def habit_after(previous: int, handed_over: bool, took_several: bool, probe_at: int) -> int:
+    """A runner's or pool's habit once a call read adaptively ended (0: none): where its
+    caller read the input itself (``handed_over``), the first probe interval of the next
+    call (its own next interval, at most :data:`PROBE_INHERITED_MAX`); where the input ran
+    ahead (``took_several``), none; else (a call too short to tell) ``previous``."""
+    if handed_over:
+        return max(PROBE_FIRST, min(probe_at, PROBE_INHERITED_MAX))
+    return 0 if took_several else previous

@@ -16,7 +16,7 @@ from easycore._engine.probes import (
     DIRECT_AFTER,
     HABIT_AFTER,
     PROBE_FIRST,
-    inherited_probe_at,
+    habit_after,
     next_probe_at,
 )
 from easycore._engine.reports import _loads_or_none, worker_error
@@ -313,9 +313,7 @@ class _Job:
         chunked input, a call too short to tell) ``previous``."""
         if self.it is None or self.chunksize is not None:
             return previous
-        if self.handed_over:
-            return inherited_probe_at(self.probe_at)
-        return 0 if self.took_several else previous
+        return habit_after(previous, self.handed_over, self.took_several, self.probe_at)
 
     def input_turn(self) -> None:
         """The feed, not reading this input (between segments, under the scheduler's lock):
