@@ -361,13 +361,13 @@ class ProducerCore:
             self._idle(t0)
             raise
 
-    def _idle(self, t0: float) -> float:
-        """The batch begun at ``t0`` is over: nothing is being worked on. Returns its
-        seconds."""
+    def _idle(self, t0: float, now: float | None = None) -> float:
+        """The batch begun at ``t0`` is over (at ``now``, a clock reading just taken, if
+        given): nothing is being worked on. Returns its seconds."""
         self.working_call = 0
         if self.state is not None:
             self.state[self.me + ITEM] = -1
-        took = time.perf_counter() - t0
+        took = (time.perf_counter() if now is None else now) - t0
         self.busy += took
         return took
 
@@ -426,7 +426,10 @@ class ProducerCore:
                 else:
                     for item in items:
                         append(work(device, cfg, item))
-            took = perf() - start
+            # (Timed each: the last item's end was just read; a clock read costs a
+            # request/response loop at every round trip.)
+            end = t if each else perf()
+            took = end - start
             self.item_s = took / len(items) if items else took
             if not each and took > floor and items:
                 slow.note(took, first, items[0], len(items))
@@ -434,7 +437,8 @@ class ProducerCore:
             raise
         except BaseException as e:  # noqa: BLE001
             failed = error_report("producer_work", device, first + len(results), e, "hook")
-        self._idle(t0)  # pickling the results is not producer_work's time
+            end = perf()
+        self._idle(t0, end)  # pickling the results is not producer_work's time
         if failed is not None:
             return wire.ERROR, failed, first
         payload = (first, results, self.index, self.busy, wait_s, slow.take())
