@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 from easycore.bench import reference, report, systems, workloads
-from easycore.bench.cli import main, verify_user_rows
+from easycore.bench.cli import main, turns, verify_user_rows
 from easycore.bench.report import Row
 
 try:  # the user's runner subclasses easycore's runner; the reference stands in until it exists
@@ -165,7 +165,8 @@ def test_rounds_take_systems_in_turn_and_pool_their_repeats(
     assert main(args) == 0
     captured = capsys.readouterr()
     order = [line.split("] ", 1)[1] for line in captured.err.splitlines() if line.startswith("[")]
-    assert order == ["tiny_unordered / reference", "tiny_unordered / pool_imap"] * 3
+    a, b = "tiny_unordered / reference", "tiny_unordered / pool_imap"
+    assert order == [a, b, b, a, a, b]  # each round starts one system later
     assert "in each of 3 rounds" in captured.out
     data = load(out)
     assert data["settings"]["rounds"] == 3
@@ -174,6 +175,14 @@ def test_rounds_take_systems_in_turn_and_pool_their_repeats(
         assert r["status"] == "ok" and len(r["samples"]) == 3  # 1 repeat in each round
     with pytest.raises(SystemExit, match="--rounds"):
         main(["--rounds", "0", "--workloads", "tiny_unordered"] + FAST)
+
+
+def test_each_round_starts_one_system_later() -> None:
+    keys = ["a", "b", "c"]
+    assert [k for k, _ in turns(keys, 3)] == list("abcbcacab")
+    assert [r for _, r in turns(keys, 2)] == [0, 0, 0, 1, 1, 1]
+    assert turns(keys, 1) == [("a", 0), ("b", 0), ("c", 0)]
+    assert turns(["a"], 2) == [("a", 0), ("a", 1)]
 
 
 def test_pool_with_the_tuned_chunksize_is_a_system(tmp_path: Path) -> None:

@@ -161,8 +161,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=1,
         help="measure every system of a workload this many times in turn, each time in a "
-        "fresh process, and pool the repeats (default 1); on a machine whose speed drifts, "
-        "each system then sees the same drift",
+        "fresh process, each round starting one system later, and pool the repeats "
+        "(default 1); on a machine whose speed drifts, each system then sees the same drift",
     )
     ap.add_argument("--items", type=int, help="items per call for every workload")
     ap.add_argument(
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Workload], dict[str, 
             n = min(n, 100)
         job = make_job(w, devices, n, user_runner)
         by_key: dict[str, Row] = {}
-        for key, rnd in ((k, r) for r in range(rounds) for k in system_keys):
+        for key, rnd in turns(system_keys, rounds):
             try:
                 row = _measure(w, key, job, n, repeats, devices, timeout, progress, interrupted)
             except KeyboardInterrupt:  # outside the measurement itself: the rest is skipped
@@ -320,6 +320,15 @@ def run(args: argparse.Namespace) -> tuple[list[Row], list[Workload], dict[str, 
     progress.clear()
     report.add_speedups(rows)
     return rows, workloads, settings, interrupted
+
+
+def turns(keys: list[str], rounds: int) -> list[tuple[str, int]]:
+    """The order of a workload's measurements: ``(system, round)``, every system once a
+    round, each round starting one system later (A, B, C, then B, C, A, …), so that over
+    ``len(keys)`` rounds each system runs once in each place (the first of a run can find the
+    machine otherwise than the last)."""
+    k = len(keys)
+    return [(keys[(r + i) % k], r) for r in range(rounds) for i in range(k)]
 
 
 def _pool_round(row: Row, more: Row) -> None:
