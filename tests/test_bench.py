@@ -177,6 +177,25 @@ def test_rounds_take_systems_in_turn_and_pool_their_repeats(
         main(["--rounds", "0", "--workloads", "tiny_unordered"] + FAST)
 
 
+def test_a_list_workload_reaches_the_systems_as_a_list(tmp_path: Path) -> None:
+    # A pool slices a list into chunks and reads an iterator item by item: the workload
+    # that measures the first must hand its list over, not an iterator that counts.
+    from easycore.bench.measurement import _Counted, _data
+
+    w = workloads.WORKLOADS["numpy_1mib_list"]
+    job = systems.Job(hooks=w.hooks, ordered=False, devices=["cpu"], make_data=w.make_data)
+    data = _data(w, job, 5)
+    assert type(data) is list and len(data) == 5
+    tiny = workloads.WORKLOADS["numpy_1mib"]
+    assert isinstance(_data(tiny, job, 5), _Counted)
+    out = tmp_path / "bench.json"
+    args = ["--workloads", "numpy_1mib_list", "--systems", "easycore_pool,easycore"]
+    assert main(args + ["--items", "12", "--json", str(out)] + FAST) == 0
+    for key in ("easycore_pool", "easycore"):
+        r = row(load(out), "numpy_1mib_list", key)
+        assert r["status"] == "ok" and r["items"] == 12, r
+
+
 def test_each_round_starts_one_system_later() -> None:
     keys = ["a", "b", "c"]
     assert [k for k, _ in turns(keys, 3)] == list("abcbcacab")

@@ -458,7 +458,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.list:
         for w in WORKLOADS.values():
-            note = "" if w.in_default_run else " (only when named, or --sweep)"
+            if w.in_default_run:
+                note = ""
+            elif w.name in SWEEP:
+                note = " (only when named, or --sweep)"
+            else:
+                note = " (only when named)"
             print(f"workload {w.name:<16} {w.unit:<10} {w.title}{note}")
         for key, s in SYSTEMS.items():
             note = "" if s.in_default_run else " (only when named in --systems)"

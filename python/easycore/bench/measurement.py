@@ -83,6 +83,13 @@ class CellSpec:
     warmup_items: int
 
 
+def _data(w: Workload, job: Job, n: int) -> Any:
+    """A timed call's input: an iterator that counts the items taken, or (a workload
+    ``as_sequence``) the sequence itself, whose length counts."""
+    data = job.make_data(n)
+    return data if w.as_sequence else _Counted(data)
+
+
 def measure(spec: CellSpec) -> dict[str, Any]:
     """Runs the measurement in this process; returns figures and verification.
 
@@ -100,11 +107,11 @@ def measure(spec: CellSpec) -> dict[str, Any]:
 
     def timed(call: Call) -> None:
         nonlocal last, counted_n
-        data = _Counted(job.make_data(n))
+        data = _data(w, job, n)
         t0 = time.perf_counter()
         last = call(data)
         dt = time.perf_counter() - t0
-        counted_n = data.n
+        counted_n = data.n if isinstance(data, _Counted) else len(data)
         seconds.append(dt)
         samples.append(w.figure(counted_n, dt))
         if (p := w.check(last, counted_n)) is not None:

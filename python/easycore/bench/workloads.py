@@ -20,6 +20,9 @@ Built-in workloads (``--workloads``):
 * ``tensor_16mib``: as ``numpy_16mib`` with torch tensors made on each producer's device
   (``--devices cuda:0`` measures a GPU producer, its device-to-host copy included). Needs
   torch.
+* ``numpy_1mib_list``: as ``numpy_1mib``, its arguments a list (``pool.map(f, items)``'s
+  usual input), which a pool slices into chunks where it reads a generator item by item.
+  Run only when named.
 * ``numpy_16mib_shm``: as ``numpy_16mib``, but the producer fills an array from
   ``easycore.shm.empty``, which easycore's producers place in shared memory and send by
   reference (no copy at all); the other systems get an ordinary array.
@@ -166,6 +169,9 @@ class Workload:
     """No expected value: systems' results are compared with each other's (by digest)."""
     in_default_run: bool = True
     """False: run only when named in ``--workloads`` (or by ``--sweep``)."""
+    as_sequence: bool = False
+    """The systems get the sequence ``make_data`` returns (a pool slices a list into chunks);
+    else an iterator over it, which counts the items taken."""
 
     @property
     def higher_is_better(self) -> bool:
@@ -226,6 +232,15 @@ def array_data(nbytes: int) -> Callable[[int], Iterable[tuple[int, int]]]:
 
     def make(n: int) -> Iterable[tuple[int, int]]:
         return zip(range(n), itertools.repeat(nbytes))
+
+    return make
+
+
+def array_list(nbytes: int) -> Callable[[int], Iterable[tuple[int, int]]]:
+    """Items ``(index, nbytes)`` for ``n`` arrays, as a list (a pool slices it into chunks)."""
+
+    def make(n: int) -> Iterable[tuple[int, int]]:
+        return list(zip(range(n), itertools.repeat(nbytes)))
 
     return make
 
@@ -323,6 +338,20 @@ for _w in (
         make_data=array_data(MIB),
         expected=expected_arrays(MIB),
         item_bytes=MIB,
+    ),
+    Workload(
+        "numpy_1mib_list",
+        "1 MiB numpy results, as numpy_1mib, of a list of arguments (a pool slices it)",
+        ArrayHooks,
+        ordered=False,
+        unit="GB/s",
+        items=512,
+        quick_items=64,
+        make_data=array_list(MIB),
+        expected=expected_arrays(MIB),
+        item_bytes=MIB,
+        in_default_run=False,
+        as_sequence=True,
     ),
     Workload(
         "numpy_16mib",
