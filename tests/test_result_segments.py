@@ -155,3 +155,35 @@ def test_a_pool_reads_its_input_for_large_results_a_quarter_window_at_a_time(mon
     # 107 runs before (1.9 items a run), 20 now (a window of 46: runs of 11). A smaller
     # /dev/shm bounds the output pool, so the window: 26 runs with 120 MiB, 51 with 64 MiB.
     assert runs["runs"] <= n // 3, f"{runs['runs']} runs for {n} results"
+
+
+def test_a_pools_chunks_of_large_results_stay_within_a_batchs_bytes(monkeypatch):
+    # A list is sliced into chunks of about 2 ms of work each; a chunk's results travel in
+    # one message, in one pooled segment that stays held until the last of them is dropped.
+    # 1 MiB results made in tens of microseconds came in chunks of 30 and more: a few such
+    # messages held the whole output pool, and every result after found it full (a one-shot
+    # segment each, faulted in on both sides: 2-4 GB/s instead of 20-28 on the 2-core VM).
+    # Chunks stop at the engine's batch bound, as its batches of large items do.
+    import functools
+
+    from easycore._engine.batching import MAX_BATCH_BYTES
+    from easycore.parallel import Pool
+    from easycore.parallel.job import _Job
+
+    nbytes = 1 << 20
+    sizes: list[int] = []
+    take_chunk = _Job.take_chunk
+
+    def recorded(self, size):
+        sizes.append(size)
+        return take_chunk(self, size)
+
+    monkeypatch.setattr(_Job, "take_chunk", recorded)
+    work = functools.partial(sd.stamped, nbytes=nbytes)
+    n = 300
+    with Pool(2) as p:
+        assert sum(1 for _ in p.imap_unordered(work, iter(range(64)))) == 64  # sizes learned
+        assert not sizes  # an iterator is read item by item
+        seen = sorted(int(a[0]) for a in p.imap_unordered(work, list(range(n))))
+    assert seen == sorted(i % 251 for i in range(n))
+    assert sizes and max(sizes) * nbytes <= MAX_BATCH_BYTES, sizes

@@ -15,7 +15,9 @@ _TARGET_BATCH_S = 0.004  # producer work per message the batching aims at
 # 1 MiB, a pickle header each above a third): a message costs the receiving thread and the
 # producer tens of microseconds of Python, which 1 MiB results then share (at 1 MiB a batch,
 # runner.imap's caller spent 80 µs a result, at 4 MiB 50; slow-wake VM, performance.md).
-_MAX_BATCH_BYTES = 4 << 20
+# Larger messages take as large a pooled segment each, which the whole message holds until
+# its last result is dropped: the pool's chunks of results stop here too.
+MAX_BATCH_BYTES = 4 << 20
 
 
 class Sizing:
@@ -70,7 +72,7 @@ class Sizing:
         a, b = self.bytes_per_item, self.learned.out_bytes_per_item
         largest = a if a > b else b
         if largest > 0:
-            by_bytes = int(_MAX_BATCH_BYTES / largest)
+            by_bytes = int(MAX_BATCH_BYTES / largest)
             if by_bytes < bs:
                 bs = by_bytes
         if bs > self.max_batch:

@@ -21,6 +21,7 @@ from concurrent.futures import InvalidStateError
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from easycore._engine.batching import MAX_BATCH_BYTES
 from easycore._engine.lifecycle import TICK
 from easycore._engine.stats import RunnerStats
 from easycore._engine.stream import Call
@@ -511,13 +512,23 @@ class StreamService(CallerTurns):
         return True
 
     def auto_chunk(self, job: _Job) -> int:
-        """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done."""
+        """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done,
+        and no more results than ``MAX_BATCH_BYTES`` (as the engine's batches of large
+        items). A chunk's results travel in one message, in one pooled segment that stays
+        held until the caller dropped the last of them: chunks of 2 ms of 1 MiB results
+        (30 and more a chunk) held the whole output pool, and each result after found it
+        full (a one-shot segment, made and faulted in on both sides: a tenth of the
+        speed)."""
         cost = self.item_cost
         if cost <= 0:
             return 1
+        size = int(_TARGET_CHUNK_S / cost)
+        per = self._room_per  # bytes per result, as the room was last set (0: not known)
+        if per > 0 and size * per > MAX_BATCH_BYTES:
+            size = int(MAX_BATCH_BYTES / per)
         # At most a quarter of the job's window per worker, so every worker gets chunks.
         most = max(1, job.window // (4 * len(self.runner.devices)))
-        return max(1, min(int(_TARGET_CHUNK_S / cost), most))
+        return max(1, min(size, most))
 
 
 def _deliver(job: _Job | None, index: int, ok: bool, value: Any) -> None:
