@@ -21,6 +21,11 @@ def square(x):
     return x * x
 
 
+def first(x):
+    """``x[0]`` as an int: a cheap function of a large argument (an array or bytes)."""
+    return int(x[0])
+
+
 def nap(x, seconds):
     time.sleep(seconds)
     return x

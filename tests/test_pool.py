@@ -171,6 +171,48 @@ def test_large_inputs_are_not_read_a_window_ahead():
     assert ahead <= 2 * (8 << 20) // nbytes + 12, ahead  # before: 99
 
 
+def test_plain_arguments_count_the_bytes_of_strings_and_bytes():
+    from easycore.parallel.chunk_args import _plain_bytes
+
+    assert _plain_bytes([1, 2.0, None, True, 3j]) == 0
+    assert _plain_bytes([b"ab", "cde", 7]) == 5
+    assert _plain_bytes([(1, b"xy"), ("z", None)]) == 3  # starmap's tuples
+    assert _plain_bytes([1, [2]]) == -1  # a list: pickled on its own
+    assert _plain_bytes([(1, [2])]) == -1
+    assert _plain_bytes((1, 2)) == -1  # not a list of arguments
+
+
+@pytest.mark.parametrize("kind", ["array", "bytes"])
+def test_chunks_of_large_arguments_stay_within_a_batchs_bytes(monkeypatch, kind):
+    # A list is sliced into chunks of about 2 ms of work: a cheap function of 1 MiB
+    # arguments made chunks of hundreds of them, each one message of hundreds of MiB, which
+    # travelled in one-shot segments (1 GB/s, the iterator's way 12-16, on the 2-core VM).
+    # Chunks stop below the engine's batch bound, as its batches of large items do: a chunk
+    # just above it left room for one such message at a time in the input queue.
+    import numpy as np
+    from easycore._engine.batching import MAX_BATCH_BYTES
+    from easycore.parallel.job import _Job
+
+    nbytes = 1 << 20
+    sizes: list[int] = []
+    take_chunk = _Job.take_chunk
+
+    def recorded(self, size):
+        sizes.append(size)
+        return take_chunk(self, size)
+
+    monkeypatch.setattr(_Job, "take_chunk", recorded)
+    if kind == "array":
+        data = [np.full(nbytes, i % 251, np.uint8) for i in range(100)]
+    else:
+        data = [bytes([i % 251]) * nbytes for i in range(100)]
+    with Pool(2) as p:
+        assert p.map(pd.first, iter(data[:10])) == [i % 251 for i in range(10)]  # cost learned
+        assert not sizes  # an iterator is read item by item
+        assert p.map(pd.first, data) == [i % 251 for i in range(100)]
+    assert sizes and max(sizes) * nbytes < MAX_BATCH_BYTES, sizes
+
+
 def test_feedback_input_item_exists_only_after_previous_result():
     # Item i+1 is made from result i: needs the input to be read while results flow.
     with Pool(2) as p:

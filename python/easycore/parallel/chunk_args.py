@@ -37,42 +37,67 @@ class ChunkArgs:
         return codec.loads(self.parts)
 
 
-_PLAIN = frozenset({int, float, str, bytes, bool, type(None), complex})
+_SCALARS = frozenset({int, float, bool, type(None), complex})
 
 
-def _plain(args: Any) -> bool:
-    """Whether a chunk's arguments are builtin scalars, or tuples of them (``starmap``):
-    they always unpickle, so they need no pickling of their own (a few dozen ns an item,
-    where a pickling of its own costs about a microsecond)."""
+def _plain_bytes(args: Any) -> int:
+    """The bytes of a chunk's arguments if they are builtin scalars, strings and bytes, or
+    tuples of them (``starmap``): they always unpickle, so they need no pickling of their
+    own (a few dozen ns an item, where a pickling of its own costs about a microsecond).
+    -1 if they are not. (Strings and bytes count their length, scalars nothing: only large
+    arguments matter to the chunk's size.)"""
     if type(args) is not list:
-        return False  # e.g. arguments already pickled by cloudpickle (functions._Pickled)
-    plain = _PLAIN
+        return -1  # e.g. arguments already pickled by cloudpickle (functions._Pickled)
+    scalars = _SCALARS
+    total = 0
     for a in args:
         t = type(a)
-        if t in plain:
+        if t in scalars:
             continue
-        if t is not tuple or not all(type(x) in plain for x in a):
-            return False
-    return True
+        if t is bytes or t is str:
+            total += len(a)
+            continue
+        if t is not tuple:
+            return -1
+        for x in a:
+            tx = type(x)
+            if tx in scalars:
+                continue
+            if tx is bytes or tx is str:
+                total += len(x)
+                continue
+            return -1
+    return total
 
 
 def guard_args(
-    pack: Callable[[list[Any]], list[Any]], codec: wire.Codec
+    pack: Callable[[list[Any]], list[Any]],
+    codec: wire.Codec,
+    sized: Callable[[float], None] | None = None,
 ) -> Callable[[list[Any]], list[Any]]:
     """``pack`` (the feed's), with each chunk's arguments pickled on their own (:class:`ChunkArgs`)
-    unless they are plain builtins (:func:`_plain`). Arguments that do not pickle so stay as
+    unless they are plain builtins (:func:`_plain_bytes`). Arguments that do not pickle so stay as
     they are (the batch's pickling then finds them:
-    see :meth:`easycore.parallel.tasks.PoolExtension.keep_sendable`)."""
+    see :meth:`easycore.parallel.tasks.PoolExtension.keep_sendable`). ``sized(bytes)`` is
+    told the bytes per argument of each chunk (pickled, or the plain ones' length)."""
     dumps = codec.dumps
 
     def guarded(items: list[Any]) -> list[Any]:
         out = pack(items)
         for k, item in enumerate(out):
-            if item is not None and item[4] != _TASK and not _plain(item[3]):
+            if item is None or item[4] == _TASK:
+                continue
+            args = item[3]
+            nbytes = _plain_bytes(args)
+            if nbytes < 0:
                 try:
-                    out[k] = (item[0], item[1], item[2], ChunkArgs(*dumps(item[3])), item[4])
+                    parts = dumps(args)
                 except Exception:  # noqa: BLE001, S112 - sent as it is: see above
                     continue
+                out[k] = (item[0], item[1], item[2], ChunkArgs(*parts), item[4])
+                nbytes = wire.nbytes(parts)
+            if sized is not None and type(args) is list and args:
+                sized(nbytes / len(args))
         return out
 
     return guarded

@@ -129,6 +129,7 @@ class StreamService(CallerTurns):
         self.thread: threading.Thread | None = None
         self._n_results = 0  # map results received by the current stream
         self._room_per = 0.0  # the bytes per result the room was last set for
+        self._arg_bytes = 0.0  # pickled bytes per argument of the last chunk so pickled
         self._room_due = 0  # messages until the room is set again anyway
         self._quiet_before = False  # the last stream failure was a quiet restart
         self.task_timeout: float | None = runner_options.get("task_timeout")
@@ -212,7 +213,7 @@ class StreamService(CallerTurns):
                 False,
                 None,
                 True,
-                pack=runner.guarded_pack(feed.pack),
+                pack=runner.guarded_pack(feed.pack, self._sized_args),
                 cost=self._cost_per_value,
                 runs=feed,
             )
@@ -441,6 +442,11 @@ class StreamService(CallerTurns):
                 room = min(room, pooled)
             self.room[0] = max(1, room)
 
+    def _sized_args(self, per: float) -> None:
+        """A chunk's arguments were pickled, ``per`` bytes each (the feed's thread): large
+        arguments bound the chunks as large results do (:meth:`auto_chunk`)."""
+        self._arg_bytes = per
+
     def _cost_per_value(self) -> float:
         """Worker seconds per input value, learned from the chunks done (0: not known yet);
         the engine sizes its batches of single values by it."""
@@ -513,19 +519,24 @@ class StreamService(CallerTurns):
 
     def auto_chunk(self, job: _Job) -> int:
         """Items per chunk: about ``_TARGET_CHUNK_S`` of work, learned from the chunks done,
-        and no more results than ``MAX_BATCH_BYTES`` (as the engine's batches of large
-        items). A chunk's results travel in one message, in one pooled segment that stays
-        held until the caller dropped the last of them: chunks of 2 ms of 1 MiB results
+        and no more results or arguments than ``MAX_BATCH_BYTES`` (as the engine's batches
+        of large items). A chunk's results travel in one message, in one pooled segment that
+        stays held until the caller dropped the last of them: chunks of 2 ms of 1 MiB results
         (30 and more a chunk) held the whole output pool, and each result after found it
         full (a one-shot segment, made and faulted in on both sides: a tenth of the
-        speed)."""
+        speed). Its arguments travel so too, the other way."""
         cost = self.item_cost
         if cost <= 0:
             return 1
         size = int(_TARGET_CHUNK_S / cost)
-        per = self._room_per  # bytes per result, as the room was last set (0: not known)
+        # Bytes per result, as the room was last set, or per argument (0: not known).
+        per = self._room_per if self._room_per > self._arg_bytes else self._arg_bytes
         if per > 0 and size * per > MAX_BATCH_BYTES:
-            size = int(MAX_BATCH_BYTES / per)
+            # Below the bound with each value's framing (a page: the engine's batches count
+            # pickled bytes): a chunk of 4 MiB of 1 MiB bytes objects and its framing took
+            # more than half the input queue's side budget (8 MiB with two workers), so
+            # that one chunk travelled at a time and a worker waited.
+            size = int(MAX_BATCH_BYTES / (per + 4096))
         # At most a quarter of the job's window per worker, so every worker gets chunks.
         most = max(1, job.window // (4 * len(self.runner.devices)))
         return max(1, min(size, most))

@@ -423,10 +423,11 @@ class TaskHooks(engine.BaseRunner):
     producer_end = staticmethod(_run_exit)
 
     def guarded_pack(
-        self, pack: Callable[[list[Any]], list[Any]]
+        self, pack: Callable[[list[Any]], list[Any]], sized: Callable[[float], None]
     ) -> Callable[[list[Any]], list[Any]]:
-        """``pack`` with each chunk's arguments pickled on their own (see :func:`guard_args`)."""
-        return guard_args(pack, self._extension.codec)
+        """``pack`` with each chunk's arguments pickled on their own (see :func:`guard_args`,
+        which tells ``sized`` their bytes per argument)."""
+        return guard_args(pack, self._extension.codec, sized)
 
     def stream_host(self) -> StreamHost:
         """What the pool's stream uses of this runner (see ``easycore._engine.host``)."""

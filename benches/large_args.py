@@ -1,0 +1,82 @@
+"""Large arguments into a pool: easycore's ``Pool`` and ``multiprocessing.Pool`` (2 workers
+each), a cheap function (``x[0]``) of 1 MiB arguments, given as a list (which a pool
+slices into chunks) and as an iterator (read item by item).
+
+Run::
+
+    .venv/bin/python benches/large_args.py                   # numpy arrays
+    .venv/bin/python benches/large_args.py --kind bytes      # bytes objects
+    .venv/bin/python benches/large_args.py --items 512 --calls 5
+
+Each pool makes one untimed call, then ``--calls`` timed calls of ``imap_unordered`` over
+``--items`` arguments for each input in turn; it prints the median GB/s (1e9 bytes of
+arguments a second), min and max. The arguments are made once, before the pools start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+from easycore.parallel import Pool
+
+
+def first(x: Any) -> int:
+    """A cheap function of a large argument."""
+    return int(x[0])
+
+
+def _timed(
+    imap: Callable[[Callable[[Any], int], Iterable[Any]], Iterable[int]],
+    data: list[Any],
+    as_list: bool,
+    calls: int,
+) -> list[float]:
+    want = sum(int(x[0]) for x in data)
+    nbytes = sum(len(x) for x in data)
+    out = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        got = sum(imap(first, data if as_list else iter(data)))
+        dt = time.perf_counter() - t0
+        if got != want:
+            raise SystemExit(f"wrong result: {got} != {want}")
+        out.append(nbytes / dt / 1e9)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kind", choices=("array", "bytes"), default="array")
+    ap.add_argument("--items", type=int, default=256, help="arguments per call")
+    ap.add_argument("--calls", type=int, default=3, help="timed calls per pool and input")
+    args = ap.parse_args()
+    size = 1 << 20
+    if args.kind == "array":
+        data: list[Any] = [np.full(size, i % 251, np.uint8) for i in range(args.items)]
+    else:
+        data = [bytes([i % 251]) * size for i in range(args.items)]
+    pools: list[tuple[str, Callable[[], Any]]] = [
+        ("easycore Pool", lambda: Pool(2)),
+        ("multiprocessing.Pool", lambda: mp.get_context("fork").Pool(2)),
+    ]
+    for name, make in pools:
+        with make() as pool:
+            list(pool.imap_unordered(first, iter(data[:16])))  # untimed: start, learn
+            for as_list in (True, False):
+                rates = _timed(pool.imap_unordered, data, as_list, args.calls)
+                how = "a list" if as_list else "an iterator"
+                print(
+                    f"{name:<22} {args.kind} arguments, {how:<12} "
+                    f"{statistics.median(rates):6.2f} GB/s (min {min(rates):.2f}, "
+                    f"max {max(rates):.2f})"
+                )
+
+
+if __name__ == "__main__":
+    main()
