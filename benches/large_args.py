@@ -1,6 +1,7 @@
-"""Large arguments into a pool: easycore's ``Pool`` and ``multiprocessing.Pool`` (2 workers
-each), a cheap function (``x[0]``) of 1 MiB arguments, given as a list (which a pool
-slices into chunks) and as an iterator (read item by item).
+"""Large arguments into a runner and a pool: easycore's runner (``runner.imap``), its
+``Pool`` and ``multiprocessing.Pool`` (2 producers or workers each), a cheap function
+(``x[0]``) of 1 MiB arguments, given as a list (which a pool slices into chunks) and as an
+iterator (read item by item).
 
 Run::
 
@@ -8,9 +9,10 @@ Run::
     .venv/bin/python benches/large_args.py --kind bytes      # bytes objects
     .venv/bin/python benches/large_args.py --items 512 --calls 5
 
-Each pool makes one untimed call, then ``--calls`` timed calls of ``imap_unordered`` over
-``--items`` arguments for each input in turn; it prints the median GB/s (1e9 bytes of
-arguments a second), min and max. The arguments are made once, before the pools start.
+Each system makes one untimed call, then ``--calls`` timed calls of ``imap_unordered`` (the
+runner: ``imap``) over ``--items`` arguments for each input in turn; it prints the median
+GB/s (1e9 bytes of arguments a second), min and max. The arguments are made once, before the
+systems start.
 """
 
 from __future__ import annotations
@@ -23,12 +25,37 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+from easycore.common.parallel import UnorderedRunner
 from easycore.parallel import Pool
 
 
 def first(x: Any) -> int:
     """A cheap function of a large argument."""
     return int(x[0])
+
+
+class _Heads(UnorderedRunner):
+    """``x[0]`` of each argument (``imap`` only: no consumer hooks)."""
+
+    @staticmethod
+    def producer_work(device: str, cfg: Any, data: Any) -> int:
+        return int(data[0])
+
+
+class _RunnerAsPool:
+    """A runner with the two calls this script makes of a pool."""
+
+    def __init__(self) -> None:
+        self.runner = _Heads(devices=2)
+
+    def imap_unordered(self, fn: Callable[[Any], int], data: Iterable[Any]) -> Iterable[int]:
+        return self.runner.imap(data)
+
+    def __enter__(self) -> _RunnerAsPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.runner.close()
 
 
 def _timed(
@@ -62,6 +89,7 @@ def main() -> None:
     else:
         data = [bytes([i % 251]) * size for i in range(args.items)]
     pools: list[tuple[str, Callable[[], Any]]] = [
+        ("easycore runner.imap", _RunnerAsPool),
         ("easycore Pool", lambda: Pool(2)),
         ("multiprocessing.Pool", lambda: mp.get_context("fork").Pool(2)),
     ]

@@ -64,6 +64,18 @@ class CollectUnordered(UnorderedRunner):
     consumer_end = Collect.consumer_end
 
 
+class Heads(UnorderedRunner):
+    """``int(data[0])`` of each item, summed: a cheap function of a large item."""
+
+    @staticmethod
+    def producer_work(device, cfg, data):
+        return int(data[0])
+
+    consumer_init = SumSquares.consumer_init
+    consumer_work = SumSquares.consumer_work
+    consumer_end = SumSquares.consumer_end
+
+
 class Jittery(Collect):
     """Ordered, with producers that take uneven time."""
 

@@ -187,3 +187,21 @@ def test_a_pools_chunks_of_large_results_stay_within_a_batchs_bytes(monkeypatch)
         seen = sorted(int(a[0]) for a in p.imap_unordered(work, list(range(n))))
     assert seen == sorted(i % 251 for i in range(n))
     assert sizes and max(sizes) * nbytes <= MAX_BATCH_BYTES, sizes
+
+
+def test_a_calls_first_batch_of_large_items_is_one_item():
+    # A runner that learned its items cost a microsecond sized a call's first batch by cost
+    # alone (its items' size is known only once one is pickled): 256 arguments of 1 MiB went
+    # as one message of 256 MiB, which one producer took (1 GB/s, 15-20 once in batches
+    # of three). The first batch of a call is one item; the next are bounded by bytes.
+    import numpy as np
+    import runner_defs as rd
+
+    n, nbytes = 96, 1 << 20
+    data = [np.full(nbytes, i % 251, np.uint8) for i in range(n)]
+    with rd.Heads(devices=2) as r:
+        assert r(iter(data[:16])) == sum(i % 251 for i in range(16))  # the cost is learned
+        assert r(iter(data)) == sum(i % 251 for i in range(n))
+        assert r.stats.batches >= n // 4, r.stats.batches
+        assert r(data) == sum(i % 251 for i in range(n))  # a list: sliced by the sender
+        assert r.stats.batches >= n // 4, r.stats.batches

@@ -63,13 +63,18 @@ class Sizing:
 
     def batch_size(self) -> int:
         """Items per batch: about 4 ms of producer work, within the byte bound and
-        ``max_batch``; 1 while the cost is not known."""
+        ``max_batch``; 1 while the cost is not known, and for a call's first batch (its
+        items' size is known once one is pickled: a runner that had learned that its items
+        cost a microsecond sent a call's first 256 arguments of 1 MiB as one batch, one
+        message of 256 MiB, which one producer took, at a twentieth of the speed)."""
         # Once per batch and per result message: conditionals, not min/max calls.
         cost = self.learned.cost_per_item if self.cost is None else self.cost()  # (cost_now)
         if cost <= 0:
             return 1
-        bs = int(_TARGET_BATCH_S / cost)
         a, b = self.bytes_per_item, self.learned.out_bytes_per_item
+        if a <= 0:
+            return 1
+        bs = int(_TARGET_BATCH_S / cost)
         largest = a if a > b else b
         if largest > 0:
             by_bytes = int(MAX_BATCH_BYTES / largest)
