@@ -10,9 +10,9 @@ Run::
     .venv/bin/python benches/large_args.py --items 512 --calls 5
 
 Each system makes one untimed call, then ``--calls`` timed calls of ``imap_unordered`` (the
-runner: ``imap``) over ``--items`` arguments for each input in turn; it prints the median
-GB/s (1e9 bytes of arguments a second), min and max. The arguments are made once, before the
-systems start.
+runner: ``imap``, or a call of its consumer hooks) over ``--items`` arguments for each input
+in turn; it prints the median GB/s (1e9 bytes of arguments a second), min and max. The
+arguments are made once, before the systems start; ``--systems`` picks and orders them.
 """
 
 from __future__ import annotations
@@ -35,21 +35,35 @@ def first(x: Any) -> int:
 
 
 class _Heads(UnorderedRunner):
-    """``x[0]`` of each argument (``imap`` only: no consumer hooks)."""
+    """``x[0]`` of each argument, summed by the consumer hooks (or by ``imap``'s caller)."""
 
     @staticmethod
     def producer_work(device: str, cfg: Any, data: Any) -> int:
         return int(data[0])
 
+    @staticmethod
+    def consumer_init(cfg: Any) -> None:
+        cfg.total = 0
+
+    @staticmethod
+    def consumer_work(cfg: Any, data: Any) -> None:
+        cfg.total += data
+
+    @staticmethod
+    def consumer_end(cfg: Any) -> int:
+        return cfg.total
+
 
 class _RunnerAsPool:
-    """A runner with the two calls this script makes of a pool."""
+    """A runner with the two calls this script makes of a pool: ``imap``, or (``hooks``)
+    a call of the consumer hooks, whose sum stands for the results."""
 
-    def __init__(self) -> None:
+    def __init__(self, hooks: bool = False) -> None:
         self.runner = _Heads(devices=2)
+        self.hooks = hooks
 
     def imap_unordered(self, fn: Callable[[Any], int], data: Iterable[Any]) -> Iterable[int]:
-        return self.runner.imap(data)
+        return [self.runner(data)] if self.hooks else self.runner.imap(data)
 
     def __enter__(self) -> _RunnerAsPool:
         return self
@@ -77,23 +91,30 @@ def _timed(
     return out
 
 
+_SYSTEMS: dict[str, tuple[str, Callable[[], Any]]] = {
+    "imap": ("easycore runner.imap", _RunnerAsPool),
+    "hooks": ("easycore runner, hooks", lambda: _RunnerAsPool(hooks=True)),
+    "pool": ("easycore Pool", lambda: Pool(2)),
+    "mp": ("multiprocessing.Pool", lambda: mp.get_context("fork").Pool(2)),
+}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kind", choices=("array", "bytes"), default="array")
     ap.add_argument("--items", type=int, default=256, help="arguments per call")
     ap.add_argument("--calls", type=int, default=3, help="timed calls per pool and input")
+    ap.add_argument(
+        "--systems", default=",".join(_SYSTEMS), help=f"from {', '.join(_SYSTEMS)}, in order"
+    )
     args = ap.parse_args()
     size = 1 << 20
     if args.kind == "array":
         data: list[Any] = [np.full(size, i % 251, np.uint8) for i in range(args.items)]
     else:
         data = [bytes([i % 251]) * size for i in range(args.items)]
-    pools: list[tuple[str, Callable[[], Any]]] = [
-        ("easycore runner.imap", _RunnerAsPool),
-        ("easycore Pool", lambda: Pool(2)),
-        ("multiprocessing.Pool", lambda: mp.get_context("fork").Pool(2)),
-    ]
-    for name, make in pools:
+    for key in args.systems.split(","):
+        name, make = _SYSTEMS[key]
         with make() as pool:
             list(pool.imap_unordered(first, iter(data[:16])))  # untimed: start, learn
             for as_list in (True, False):
