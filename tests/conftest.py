@@ -184,3 +184,20 @@ def probes_asked(monkeypatch):
     for module in (input_side, job):
         monkeypatch.setattr(module, "next_probe_at", schedule)
     return asked
+
+
+@pytest.fixture
+def chunk_sizes(monkeypatch):
+    """The sizes the pools of this process ask for as they slice a sequence into chunks
+    (``_Job.take_chunk``), in order: a list."""
+    from easycore.parallel.job import _Job
+
+    sizes: list[int] = []
+    take_chunk = _Job.take_chunk
+
+    def recorded(self, size):
+        sizes.append(size)
+        return take_chunk(self, size)
+
+    monkeypatch.setattr(_Job, "take_chunk", recorded)
+    return sizes

@@ -183,7 +183,7 @@ def test_plain_arguments_count_the_bytes_of_strings_and_bytes():
 
 
 @pytest.mark.parametrize("kind", ["array", "bytes"])
-def test_chunks_of_large_arguments_stay_within_a_batchs_bytes(monkeypatch, kind):
+def test_chunks_of_large_arguments_stay_within_a_batchs_bytes(chunk_sizes, kind):
     # A list is sliced into chunks of about 2 ms of work: a cheap function of 1 MiB
     # arguments made chunks of hundreds of them, each one message of hundreds of MiB, which
     # travelled in one-shot segments (1 GB/s, the iterator's way 12-16, on the 2-core VM).
@@ -191,17 +191,9 @@ def test_chunks_of_large_arguments_stay_within_a_batchs_bytes(monkeypatch, kind)
     # just above it left room for one such message at a time in the input queue.
     import numpy as np
     from easycore._engine.batching import MAX_BATCH_BYTES
-    from easycore.parallel.job import _Job
 
     nbytes = 1 << 20
-    sizes: list[int] = []
-    take_chunk = _Job.take_chunk
-
-    def recorded(self, size):
-        sizes.append(size)
-        return take_chunk(self, size)
-
-    monkeypatch.setattr(_Job, "take_chunk", recorded)
+    sizes = chunk_sizes
     if kind == "array":
         data = [np.full(nbytes, i % 251, np.uint8) for i in range(100)]
     else:

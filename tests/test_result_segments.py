@@ -157,7 +157,7 @@ def test_a_pool_reads_its_input_for_large_results_a_quarter_window_at_a_time(mon
     assert runs["runs"] <= n // 3, f"{runs['runs']} runs for {n} results"
 
 
-def test_a_pools_chunks_of_large_results_stay_within_a_batchs_bytes(monkeypatch):
+def test_a_pools_chunks_of_large_results_stay_within_a_batchs_bytes(chunk_sizes):
     # A list is sliced into chunks of about 2 ms of work each; a chunk's results travel in
     # one message, in one pooled segment that stays held until the last of them is dropped.
     # 1 MiB results made in tens of microseconds came in chunks of 30 and more: a few such
@@ -168,17 +168,9 @@ def test_a_pools_chunks_of_large_results_stay_within_a_batchs_bytes(monkeypatch)
 
     from easycore._engine.batching import MAX_BATCH_BYTES
     from easycore.parallel import Pool
-    from easycore.parallel.job import _Job
 
     nbytes = 1 << 20
-    sizes: list[int] = []
-    take_chunk = _Job.take_chunk
-
-    def recorded(self, size):
-        sizes.append(size)
-        return take_chunk(self, size)
-
-    monkeypatch.setattr(_Job, "take_chunk", recorded)
+    sizes = chunk_sizes
     work = functools.partial(sd.stamped, nbytes=nbytes)
     n = 300
     with Pool(2) as p:
