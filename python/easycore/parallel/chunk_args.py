@@ -81,6 +81,7 @@ def guard_args(
     see :meth:`easycore.parallel.tasks.PoolExtension.keep_sendable`). ``sized(bytes)`` is
     told the bytes per argument of each chunk (pickled, or the plain ones' length)."""
     dumps = codec.dumps
+    said = [0.0]  # the last figure told (a change only: tiny items pass here one by one)
 
     def guarded(items: list[Any]) -> list[Any]:
         out = pack(items)
@@ -97,7 +98,10 @@ def guard_args(
                 out[k] = (item[0], item[1], item[2], ChunkArgs(*parts), item[4])
                 nbytes = wire.nbytes(parts)
             if sized is not None and type(args) is list and args:
-                sized(nbytes / len(args))
+                per = nbytes / len(args)
+                if per != said[0]:
+                    said[0] = per
+                    sized(per)
         return out
 
     return guarded
