@@ -40,13 +40,14 @@ class ChunkArgs:
 _SCALARS = frozenset({int, float, bool, type(None), complex})
 
 
-def _plain_bytes(args: Any) -> int:
-    """The bytes of a chunk's arguments if they are builtin scalars, strings and bytes, or
-    tuples of them (``starmap``): they always unpickle, so they need no pickling of their
-    own (a few dozen ns an item, where a pickling of its own costs about a microsecond).
-    -1 if they are not. (Strings and bytes count their length, scalars nothing: only large
-    arguments matter to the chunk's size.)"""
-    if type(args) is not list:
+def _plain_bytes(args: Any, outer: bool = True) -> int:
+    """The bytes of a chunk's arguments (a list) if they are builtin scalars, strings and
+    bytes, or tuples of them (``starmap``; ``outer`` False: the values of one such tuple):
+    they always unpickle, so they need no pickling of their own (a few dozen ns an item,
+    where a pickling of its own costs about a microsecond). -1 if they are not. (Strings and
+    bytes count their length, scalars nothing: only large arguments matter to the chunk's
+    size.)"""
+    if outer and type(args) is not list:
         return -1  # e.g. arguments already pickled by cloudpickle (functions._Pickled)
     scalars = _SCALARS
     total = 0
@@ -57,16 +58,12 @@ def _plain_bytes(args: Any) -> int:
         if t is bytes or t is str:
             total += len(a)
             continue
-        if t is not tuple:
+        if not outer or t is not tuple:
             return -1
-        for x in a:
-            tx = type(x)
-            if tx in scalars:
-                continue
-            if tx is bytes or tx is str:
-                total += len(x)
-                continue
+        inner = _plain_bytes(a, False)
+        if inner < 0:
             return -1
+        total += inner
     return total
 
 
