@@ -10,9 +10,10 @@ Run::
     .venv/bin/python benches/large_args.py --items 512 --calls 5
 
 Each system makes one untimed call, then ``--calls`` timed calls of ``imap_unordered`` (the
-runner: ``imap``, or a call of its consumer hooks) over ``--items`` arguments for each input
-in turn; it prints the median GB/s (1e9 bytes of arguments a second), min and max. The
-arguments are made once, before the systems start; ``--systems`` picks and orders them.
+runner: ``imap``, or a call of its consumer hooks; ``tasks`` and ``mp_tasks``: one
+``apply_async`` per argument) over ``--items`` arguments for each input in turn; it prints
+the median GB/s (1e9 bytes of arguments a second), min and max. The arguments are made once,
+before the systems start; ``--systems`` picks and orders them.
 """
 
 from __future__ import annotations
@@ -91,11 +92,31 @@ def _timed(
     return out
 
 
+class _Submits:
+    """A pool whose ``imap_unordered`` submits one task per argument (``apply_async``) and
+    waits for them all."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def imap_unordered(self, fn: Callable[[Any], int], data: Iterable[Any]) -> Iterable[int]:
+        return [r.get() for r in [self.pool.apply_async(fn, (x,)) for x in data]]
+
+    def __enter__(self) -> _Submits:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.pool.terminate()
+        self.pool.join()
+
+
 _SYSTEMS: dict[str, tuple[str, Callable[[], Any]]] = {
     "imap": ("easycore runner.imap", _RunnerAsPool),
     "hooks": ("easycore runner, hooks", lambda: _RunnerAsPool(hooks=True)),
     "pool": ("easycore Pool", lambda: Pool(2)),
     "mp": ("multiprocessing.Pool", lambda: mp.get_context("fork").Pool(2)),
+    "tasks": ("easycore Pool.apply_async", lambda: _Submits(Pool(2))),
+    "mp_tasks": ("mp.Pool.apply_async", lambda: _Submits(mp.get_context("fork").Pool(2))),
 }
 
 

@@ -509,6 +509,41 @@ def test_a_task_or_result_that_does_not_unpickle_is_a_broken_process_pool(bad: t
         assert ex.submit(pd.square, 4).result(timeout=60) == 16
 
 
+def test_a_tasks_large_buffers_leave_its_pickle() -> None:
+    # submit pickled its arguments into one bytes object: a 1 MiB array was copied into it
+    # (a fresh allocation, its pages faulted in), then into the message's segment: 1 GB/s.
+    # Buffers of 64 KiB and more now travel out of band, copied once as they are sent.
+    import numpy as np
+    from easycore.parallel.functions import pickle_args
+
+    big, small = np.arange(1 << 18, dtype=np.int32), np.arange(16)
+    parts = pickle_args((pd.square, (big, small), {"k": big[:10]}))
+    assert len(parts) == 2 and memoryview(parts[1]).nbytes == big.nbytes
+    f, args, kwargs = pickle.loads(parts[0], buffers=parts[1:])
+    assert f is pd.square and (args[0] == big).all() and (args[1] == small).all()
+    assert (kwargs["k"] == big[:10]).all()
+    assert len(pickle_args((pd.square, (small,), {}))) == 1  # small: in the pickle
+    assert len(pickle_args((lambda x: x, (big,), {}))) == 2  # cloudpickle's way too
+
+
+def test_tasks_with_large_array_arguments_run_and_fail_alone() -> None:
+    import numpy as np
+
+    big = np.arange(1 << 18, dtype=np.int64)
+    want = int(big.sum())
+    with Pool(2) as p:
+        assert p.submit(np.sum, big).result(timeout=60) == want
+        assert p.apply_async(np.sum, (big,)).get(timeout=60) == want
+        assert p.apply(np.sum, (big,)) == want
+        # The large buffer beside an argument that does not unpickle: its future fails.
+        with pytest.raises(BrokenProcessPool, match="could not be unpickled in its worker"):
+            p.submit(pd.call_it, id, (big, _ErrorAtUnpickle())).result(timeout=60)
+        assert p.submit(np.sum, big).result(timeout=60) == want
+    with PoolExecutor(2) as ex:
+        futs = [ex.submit(np.add, big, k) for k in range(8)]
+        assert [int(f.result(timeout=60)[-1]) for f in futs] == [len(big) - 1 + k for k in range(8)]
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("bad", [_ErrorAtUnpickle, _ExitAtUnpickle])
 @pytest.mark.parametrize("how", ["map", "imap", "executor"])

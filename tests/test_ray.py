@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import pytest
 
 ray = pytest.importorskip("ray", reason="the Ray backend needs ray (pip install 'easycore[ray]')")
@@ -316,6 +317,8 @@ def test_pool_on_ray():
         assert pool.map(lambda x: x * x, range(100)) == [x * x for x in range(100)]
         assert sorted(pool.imap_unordered(abs, range(-5, 5))) == sorted(map(abs, range(-5, 5)))
         assert pool.submit(pow, 2, 10).result(timeout=60) == 1024
+        big = np.arange(1 << 18)  # a task's large buffer travels out of band
+        assert pool.submit(np.sum, big).result(timeout=60) == int(big.sum())
         assert set(pool.map(lambda x: context()["model"], range(4))) == {"m"}
         with pytest.raises(ZeroDivisionError):
             pool.map(lambda x: 1 / x, [1, 0, 2])

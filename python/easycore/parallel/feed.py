@@ -65,6 +65,9 @@ _WorkItem: TypeAlias = tuple[int, int, Any, Any, int]
 """``(job, index, function, argument, mode)``: job 0 is a submitted task (index: its id)."""
 _WorkResult: TypeAlias = tuple[int, int, bool, Any]
 """``(job, index, ok, value)``, what a producer returns for a work item."""
+_TaskBlob: TypeAlias = Any
+"""A submitted task's function and arguments, pickled: ``bytes``, or a
+``chunk_args.ChunkArgs`` whose parts carry its large buffers out of band."""
 
 _ONE, _STAR, _TASK = 0, 1, 2  # how a producer calls the function of a work item
 _HEALTH_EVERY_S = 0.005  # at most this often, the feed asks whether a worker died

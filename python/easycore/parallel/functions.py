@@ -194,21 +194,39 @@ def portable(
         ) from e
 
 
-def pickle_args(obj: Any) -> bytes:
+# Buffers at least this large (an array's memory) leave a task's pickle: they travel out of
+# band, copied once into the message's segment, where in the pickle they were copied into
+# a fresh bytes object first (its pages faulted in: 1 MiB arguments went at 1 GB/s).
+_OUT_OF_BAND_MIN = 64 << 10
+
+
+def pickle_args(obj: Any) -> list[Any]:
     """``obj`` (a task's function and arguments) pickled with plain pickle, or with
-    cloudpickle when plain pickle cannot (a lambda or closure among the arguments); the
-    result unpickles with plain ``pickle.loads`` either way.
+    cloudpickle when plain pickle cannot (a lambda or closure among the arguments): the
+    pickle, then the buffers of at least ``_OUT_OF_BAND_MIN`` bytes that protocol 5 leaves
+    out of band (``[pickle]`` when there are none); ``pickle.loads(parts[0],
+    buffers=parts[1:])`` reads it back either way. The buffers are the arguments' own memory,
+    not copies: they are read when the task is sent.
 
     Raises:
         Exception: what cloudpickle raised, when neither can pickle ``obj``.
     """
+    buffers: list[pickle.PickleBuffer] = []
+
+    def out_of_band(b: pickle.PickleBuffer) -> bool:
+        if b.raw().nbytes < _OUT_OF_BAND_MIN:
+            return True  # in the pickle
+        buffers.append(b)
+        return False
+
     try:
-        return pickle.dumps(obj, protocol=5)
+        blob = pickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
     except Exception:  # noqa: BLE001 - falls back to cloudpickle below
         import cloudpickle
 
-        blob: bytes = cloudpickle.dumps(obj, protocol=5)
-        return blob
+        buffers.clear()
+        blob = cloudpickle.dumps(obj, protocol=5, buffer_callback=out_of_band)
+    return [blob, *(b.raw() for b in buffers)]
 
 
 class _Pickled:

@@ -48,7 +48,8 @@ from typing import Any, ParamSpec, TypeVar
 
 import easycore.parallel.calls as calls
 from easycore.errors import InvalidArgument
-from easycore.parallel.feed import _ONE, _STAR
+from easycore.parallel.chunk_args import ChunkArgs
+from easycore.parallel.feed import _ONE, _STAR, _TaskBlob
 from easycore.parallel.functions import pickle_args, portable
 from easycore.parallel.poolbase import _keep, _PoolBase
 from easycore.parallel.results import AsyncResult, _async_result
@@ -317,12 +318,13 @@ class Pool(_PoolBase):
 
     def _task(
         self, fn: Callable[..., _T], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> tuple[Future[_T], bytes | None]:
+    ) -> tuple[Future[_T], _TaskBlob | None]:
         """A task's future and pickle (None: the future failed, it does not pickle)."""
         fut: Future[_T] = Future()
         try:
             f = portable(fn, self.start_method, self._bodies)
-            blob = pickle_args((f, args, kwargs))
+            parts = pickle_args((f, args, kwargs))
+            blob = parts[0] if len(parts) == 1 else ChunkArgs(*parts)
         except InvalidArgument:
             raise  # not a callable
         except Exception as e:

@@ -30,7 +30,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol
 
 from easycore._engine.lifecycle import TICK
-from easycore.parallel.feed import _TASK, _WorkItem
+from easycore.parallel.feed import _TASK, _TaskBlob, _WorkItem
 
 if TYPE_CHECKING:
     from easycore.parallel.feed import Feed
@@ -76,7 +76,7 @@ class Scheduler:
     def __init__(self) -> None:
         self._cv = threading.Condition(threading.Lock())  # guards everything below
         # Submitted, not sent: (future, task id, pickle).
-        self._tasks: collections.deque[tuple[Future[Any], int, bytes]] = collections.deque()
+        self._tasks: collections.deque[tuple[Future[Any], int, _TaskBlob]] = collections.deque()
         self._running: dict[int, Future[Any]] = {}  # sent tasks by id
         self._resend: collections.deque[_WorkItem] = collections.deque()  # see resend()
         self._jobs: dict[int, _Job] = {}  # open map/imap calls by id
@@ -142,7 +142,7 @@ class Scheduler:
 
     # ----- the pool's API -----
 
-    def add_task(self, fut: Future[Any], blob: bytes) -> bool:
+    def add_task(self, fut: Future[Any], blob: _TaskBlob) -> bool:
         """Queues a submitted task ahead of the rest of every job's input; False if the
         pool is closing (nothing queued)."""
         with self._cv:
@@ -238,7 +238,7 @@ class Scheduler:
         return tid
 
     def send_task(
-        self, fut: Future[Any], blob: bytes, generation: int, send: Callable[[_WorkItem], bool]
+        self, fut: Future[Any], blob: _TaskBlob, generation: int, send: Callable[[_WorkItem], bool]
     ) -> bool:
         """``Pool.submit`` while nothing is on its way (see ``StreamService.send_task``): if
         stream ``generation`` is the current one, its feed waits for work and no task waits

@@ -172,17 +172,19 @@ def _run_item(device: str, cfg: Any, data: _WorkItem | None) -> _WorkResult | No
                 return job, index, False, error_report("task", device, index, e, "hook")
     if type(arg) is ChunkArgs:
         try:
-            arg = arg.load(_CODEC[0])
+            arg = arg.load(_CODEC[0])  # a task's: its (function, args, kwargs)
         except Interrupted:
             raise
         except BaseException as e:  # noqa: BLE001 - SystemExit too: this chunk's error
+            if mode == _TASK:
+                return job, index, False, error_report("task", device, None, e, "unpickle_task")
             return job, index, False, error_report("task", device, index, e, "unpickle_items")
     out: list[Any] = []
     try:
         seed = _ITEM_SEED
         if mode == _TASK:
             try:
-                f, args, kwargs = pickle.loads(arg)
+                f, args, kwargs = pickle.loads(arg) if type(arg) is bytes else arg
             except Interrupted:
                 raise
             except BaseException as e:  # noqa: BLE001 - SystemExit too: this task's error

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from easycore._engine.lifecycle import TICK
 from easycore._engine.stream import WaitInterrupted
 from easycore.errors import RunnerClosedError
-from easycore.parallel.feed import _TASK, _WorkItem
+from easycore.parallel.feed import _TASK, _TaskBlob, _WorkItem
 
 if TYPE_CHECKING:
     from easycore._engine.stream import Call
@@ -245,7 +245,7 @@ class CallerTurns:
         finally:
             turn.give_back(left, wake)
 
-    def call_task(self, fut: Future[Any], blob: bytes) -> bool:
+    def call_task(self, fut: Future[Any], blob: _TaskBlob) -> bool:
         """``Pool.apply``: a caller about to wait for its task. If the service thread is
         parked (nothing else on its way), the caller sends the task and receives until its
         future is done (or it left the rest to the service thread), in its own thread, and
@@ -300,7 +300,7 @@ class CallerTurns:
         finally:
             turn.give_back(left, wake)
 
-    def send_task(self, fut: Future[Any], blob: bytes) -> bool:
+    def send_task(self, fut: Future[Any], blob: _TaskBlob) -> bool:
         """``submit`` while nothing is on its way: the calling thread sends the task itself
         (no hand-over to the feed's thread), and the service thread receives its result as
         usual. False: nothing was done (the caller queues the task: the feed sends it)."""
