@@ -523,6 +523,9 @@ def test_a_tasks_large_buffers_leave_its_pickle() -> None:
     assert f is pd.square and (args[0] == big).all() and (args[1] == small).all()
     assert (kwargs["k"] == big[:10]).all()
     assert len(pickle_args((pd.square, (small,), {}))) == 1  # small: in the pickle
+    strided = pickle.PickleBuffer(memoryview(bytes(1 << 20))[::2])  # no raw bytes
+    with pytest.raises(pickle.PicklingError):  # as plain pickle says of it
+        pickle_args((pd.square, (strided,), {}))
     assert len(pickle_args((lambda x: x, (big,), {}))) == 2  # cloudpickle's way too
 
 

@@ -214,7 +214,11 @@ def pickle_args(obj: Any) -> list[Any]:
     buffers: list[pickle.PickleBuffer] = []
 
     def out_of_band(b: pickle.PickleBuffer) -> bool:
-        if b.raw().nbytes < _OUT_OF_BAND_MIN:
+        try:
+            small = b.raw().nbytes < _OUT_OF_BAND_MIN
+        except BufferError:  # not contiguous: it has no raw bytes to send apart
+            return True
+        if small:
             return True  # in the pickle
         buffers.append(b)
         return False
