@@ -90,3 +90,34 @@ def test_a_batch_sent_by_the_caller_keeps_the_books_as_encode_and_send_pending_d
     assert _books(inline) == _books(common)
     assert (inline.pending is not None) == full
     assert len(inline.workers.sent) == (0 if full else 1)  # type: ignore[attr-defined]
+
+
+def test_large_bytes_items_travel_out_of_band_once_their_size_is_known():
+    # Pickle copies a bytes object into the pickle (its C fast path asks no reducer): a
+    # batch of 1 MiB bytes items was one fresh 3 MiB allocation, which a runner's input
+    # thread mapped and faulted in anew for every batch (2 GB/s). Once a call's items are
+    # known to be large, its bytes items leave the pickle and arrive as bytes.
+    big = [bytes([i]) * (1 << 20) for i in range(4)]
+    settings = StreamSettings(
+        ordered=False, window=100, window_floor=100, devices=("cpu", "cpu"), codec=wire.Codec
+    )
+    side = InputSide(
+        big + [b"small", 7],
+        _Transport(False),  # type: ignore[arg-type]
+        wire.Codec(),
+        7,
+        settings,
+        Learned(cost_per_item=1e-6),
+        RunnerStats(),
+        lambda items, first, e: items,
+    )
+    first = side.make_batch()  # a call's first batch: one item, its size not known yet
+    assert first is not None and first[1] == 1 and len(first[2]) == 1  # in the pickle
+    batches = []
+    while (batch := side.make_batch()) is not None:
+        batches.append(batch)
+    got: list[Any] = []
+    for _seq, _count, parts in [first, *batches]:
+        got += wire.Codec().loads(parts)[1]
+    assert got == [*big, b"small", 7] and all(type(x) is bytes for x in got[:5])
+    assert [len(b[2]) for b in batches][:1] == [4]  # three bytes items apart, one pickle

@@ -517,6 +517,8 @@ class InputSide:
         pack = self.pack
         if pack is not None:
             items = pack(items)
+        elif self.sizing.bytes_per_item >= wire.BYTES_APART_MIN:
+            items = wire.bytes_apart(items)  # large bytes items out of band
         return self.encode(items, count, pack is not None)
 
     def encode(self, items: list[Any], count: int, packed: bool) -> tuple[int, int, Any] | None:
