@@ -102,7 +102,7 @@ def test_a_lifeline_says_held_while_its_holder_lives_or_is_stopped_and_dead_once
 
 
 def _lifelines(p: Pool) -> Any:
-    return p._stream.runner._workers.lifelines
+    return p._stream.runner._workers._lifelines
 
 
 def test_a_pools_workers_hold_their_lifelines_and_a_killed_one_reads_dead() -> None:
@@ -133,5 +133,5 @@ def test_lifelines_are_no_longer_read_once_a_worker_was_replaced() -> None:
         out = list(p.imap(rd.pid_of, range(6), chunksize=1))
         assert [x for x, _ in out] == list(range(6))
         assert len({pid for _, pid in out}) >= 2  # replaced
-        assert workers.lifelines is None
+        assert workers._lifelines is None
         assert not workers.exited()  # the sentinels answer: all alive

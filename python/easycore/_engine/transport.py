@@ -60,9 +60,6 @@ class Transport:
     out_budget: int  # bytes of results the way back holds: a stream keeps twice that in flight
     end_errors: list[dict[str, Any]]  # producer_end's error reports, after shutdown
     exit_results: dict[int, Any]  # producer_end's return values by producer, after shutdown
-    # Every producer's lifeline while each holds its own (local producers; None otherwise):
-    # while all are held, none has exited (what :meth:`exited` looks at first).
-    lifelines: Lifelines | None = None
 
     def send(self, seq: int, kind: int, parts: list[Any]) -> None:
         """Sends one batch without blocking; ``QueueFull`` if the producers have enough."""
@@ -223,10 +220,8 @@ class LocalWorkers(Transport):
         # service thread and its callers ask from their threads.
         self._poll_lock = threading.Lock()
         # Every producer's lifeline, each held by its producer (see trust_lifelines); None
-        # before that, where lifelines do not work, and once a producer was replaced. While
-        # all are held no producer has exited (:meth:`exited`'s first look, which a caller
-        # on a request/response loop's path may take itself).
-        self.lifelines: Lifelines | None = None
+        # before that, where lifelines do not work, and once a producer was replaced.
+        self._lifelines: Lifelines | None = None
         self.retire: Retirements | None = None  # producers that retire (retire.py)
         self.start_errors: dict[int, dict[str, Any]] = {}  # a replacement's failed start
         lifecycle.register(Stage.PRODUCERS, self)
@@ -267,7 +262,7 @@ class LocalWorkers(Transport):
         """Every producer said it is ready: from now on :meth:`exited` reads their
         ``lifelines`` first, if each producer holds its own."""
         if lifelines is not None and lifelines.all_held():
-            self.lifelines = lifelines
+            self._lifelines = lifelines
 
     def exited(self) -> bool:
         """Whether a producer has exited (any thread): while every producer's lifeline is
@@ -275,7 +270,7 @@ class LocalWorkers(Transport):
         poll(2) on their sentinels, which become readable when they exit (about 0.5 µs;
         :meth:`dead` asks each process twice, 3.5 µs for two), the only word on a death: a
         lifeline is marked a moment before its producer's sentinel."""
-        lifelines = self.lifelines
+        lifelines = self._lifelines
         if lifelines is not None and lifelines.all_held():
             return False
         with self._poll_lock:
@@ -298,7 +293,7 @@ class LocalWorkers(Transport):
         """A producer was replaced: the poll of sentinels is made again, and lifelines are
         read no more (a replacement's lifeline is its predecessor's until that one exits)."""
         self._exit_poll = None
-        self.lifelines = None
+        self._lifelines = None
 
     def dead(self) -> WorkerDiedError | None:
         """An error describing the first producer that died, if any (one that retired is

@@ -474,13 +474,7 @@ class TaskHooks(engine.BaseRunner):
     def producer_died(self) -> bool:
         """Whether a producer has died, or the producers are already stopped."""
         workers = self._workers
-        if workers is None or workers.closed:
-            return True
-        # (exited's first look, inline: a request/response loop asks at every round trip)
-        lifelines = workers.lifelines
-        if lifelines is not None and lifelines.all_held():
-            return False
-        return workers.exited()
+        return workers is None or workers.closed or workers.exited()
 
 
 class _TaskRunner(TaskHooks, engine.UnorderedRunner):
