@@ -59,10 +59,6 @@ class Codec:
     # thread that pickles with the codec, unguarded: it only picks one of two encodings that
     # load alike.
     _arrays = False
-    # Whether a message without arrays is pickled by ``pickle.dumps`` (inline in
-    # :meth:`dumps`: each side of a request/response loop pickles one message a round trip).
-    # A subclass whose :meth:`_dumps` pickles every message its own way says False.
-    _plain = True
 
     def dumps(self, obj: Any) -> list[Any]:
         """Returns ``[pickle_bytes, *raw_buffers]`` for ``obj``.
@@ -71,10 +67,7 @@ class Codec:
             pickle.PicklingError, TypeError, AttributeError: if ``obj`` cannot be pickled.
         """
         buffers: list[pickle.PickleBuffer] = []
-        if self._plain and not self._arrays:  # (_dumps's common case, without its frame)
-            data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
-        else:
-            data = self._dumps(obj, buffers.append)
+        data = self._dumps(obj, buffers.append)
         if not buffers:
             if self._arrays:
                 self._arrays = False

@@ -127,7 +127,5 @@ _TorchPickler = type("TorchPickler", (pickle.Pickler,), {"dispatch_table": _DISP
 class TorchCodec(Codec):
     """:class:`~easycore.common.parallel.wire.Codec` that sends tensor memory out of band."""
 
-    _plain = False  # every message by its pickler: a tensor may be in any
-
     def _dumps(self, obj: Any, callback: Any) -> bytes:
         return dumps_with(_TorchPickler, obj, callback)
