@@ -517,7 +517,7 @@ class InputSide:
         pack = self.pack
         if pack is not None:
             items = pack(items)
-        elif self.sizing.bytes_per_item >= wire.BYTES_APART_MIN:
+        elif self.sizing.bytes_per_item >= wire.OUT_OF_BAND_MIN:
             items = wire.bytes_apart(items)  # large bytes items out of band
         return self.encode(items, count, pack is not None)
 

@@ -136,8 +136,10 @@ def rebuild_array(buf: Any, dtype: str, shape: tuple[int, ...]) -> Any:
     return np.ndarray(shape, dtype, buf)
 
 
-# ``bytes`` items at least this large travel out of band (see :func:`bytes_apart`).
-BYTES_APART_MIN = 64 << 10
+# Buffers and ``bytes`` items at least this large travel out of band where the caller
+# chooses (:func:`bytes_apart`, a pool task's arguments): copied once into the message's
+# segment, not first into the pickle (a fresh allocation, its pages faulted in).
+OUT_OF_BAND_MIN = 64 << 10
 
 
 class BytesApart:
@@ -157,11 +159,9 @@ class BytesApart:
 
 
 def bytes_apart(items: list[Any]) -> list[Any]:
-    """``items`` with each ``bytes`` item of at least :data:`BYTES_APART_MIN` bytes wrapped
-    in :class:`BytesApart` (the same list if there is none)."""
-    if not any(type(x) is bytes and len(x) >= BYTES_APART_MIN for x in items):
-        return items
-    return [BytesApart(x) if type(x) is bytes and len(x) >= BYTES_APART_MIN else x for x in items]
+    """``items`` with each ``bytes`` item of at least :data:`OUT_OF_BAND_MIN` bytes wrapped
+    in :class:`BytesApart`."""
+    return [BytesApart(x) if type(x) is bytes and len(x) >= OUT_OF_BAND_MIN else x for x in items]
 
 
 def nbytes(parts: Sequence[Any]) -> int:

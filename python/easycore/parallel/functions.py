@@ -28,6 +28,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from easycore._engine import wire
 from easycore.errors import (
     InvalidArgument,
     SerializationError,
@@ -194,16 +195,10 @@ def portable(
         ) from e
 
 
-# Buffers at least this large (an array's memory) leave a task's pickle: they travel out of
-# band, copied once into the message's segment, where in the pickle they were copied into
-# a fresh bytes object first (its pages faulted in: 1 MiB arguments went at 1 GB/s).
-_OUT_OF_BAND_MIN = 64 << 10
-
-
 def pickle_args(obj: Any) -> list[Any]:
     """``obj`` (a task's function and arguments) pickled with plain pickle, or with
     cloudpickle when plain pickle cannot (a lambda or closure among the arguments): the
-    pickle, then the buffers of at least ``_OUT_OF_BAND_MIN`` bytes that protocol 5 leaves
+    pickle, then the buffers of at least ``wire.OUT_OF_BAND_MIN`` bytes that protocol 5 leaves
     out of band (``[pickle]`` when there are none); ``pickle.loads(parts[0],
     buffers=parts[1:])`` reads it back either way. The buffers are the arguments' own memory,
     not copies: they are read when the task is sent.
@@ -215,7 +210,7 @@ def pickle_args(obj: Any) -> list[Any]:
 
     def out_of_band(b: pickle.PickleBuffer) -> bool:
         try:
-            small = b.raw().nbytes < _OUT_OF_BAND_MIN
+            small = b.raw().nbytes < wire.OUT_OF_BAND_MIN
         except BufferError:  # not contiguous: it has no raw bytes to send apart
             return True
         if small:
