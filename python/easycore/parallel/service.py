@@ -224,7 +224,8 @@ class StreamService(CallerTurns):
             self.call = call
             self.generation = generation
             scheduler.begin_stream(feed)
-            self._n_results = self._room_due = 0
+            self._n_results = self._room_due = self.own_count = 0
+            self.own_secs = 0.0
             self._run(call)
             if scheduler.closed_and_all_sent():
                 return True

@@ -41,6 +41,10 @@ if TYPE_CHECKING:
     from easycore.parallel.schedule import Scheduler
     from easycore.parallel.tasks import _TaskHooks
 
+# A caller's own results in a request/response loop whose worker seconds are learned at once
+# (``StreamService._learn_cost``, once a first cost is known): the cost is a running mean.
+OWN_LEARN_EVERY = 16
+
 
 class Left:
     """What a caller leaves the service thread as it gives the turn back: a message's results
@@ -164,6 +168,10 @@ class CallerTurns:
     watch: StuckWatch | None
     generation: int
     task_wait: float
+    item_cost: float  # worker seconds per map item learned so far (0: none yet)
+    # A caller's own results not learned yet (see round_trip): their worker seconds, count.
+    own_secs: float = 0.0
+    own_count: int = 0
 
     def _route(self, results: list[Any]) -> None: ...
 
@@ -227,7 +235,15 @@ class CallerTurns:
                             # Its own result: straight to the caller (this thread).
                             out, secs = r[3]
                             job.own = out
-                            self._learn_cost(secs, len(out))
+                            # Learned OWN_LEARN_EVERY at a time once a cost is known
+                            # (each learning costs about a microsecond on a shared core).
+                            n = self.own_count + len(out)
+                            secs += self.own_secs
+                            if n < OWN_LEARN_EVERY and self.item_cost > 0:
+                                self.own_count, self.own_secs = n, secs
+                            else:
+                                self.own_count, self.own_secs = 0, 0.0
+                                self._learn_cost(secs, n)
                             continue
                     for r in results:
                         if r is None or r[0] != jid:
