@@ -149,6 +149,13 @@ def call_it(f, *args):
     return f(*args)
 
 
+def kinds(*args, **kwargs):
+    """What arrived: each argument's type name and hash (positional, then by keyword)."""
+    return [(type(a).__name__, hash(a)) for a in args], {
+        k: (type(v).__name__, hash(v)) for k, v in kwargs.items()
+    }
+
+
 def augment(i):
     """Draws from the global random and numpy generators, as a Dataset's augmentation does."""
     import random

@@ -16,7 +16,7 @@ import copyreg
 import io
 import pickle
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 # Caller -> producer
@@ -158,10 +158,18 @@ class BytesApart:
         return (bytes, (pickle.PickleBuffer(self.data),))
 
 
-def bytes_apart(items: list[Any]) -> list[Any]:
+def bytes_apart(items: Iterable[Any]) -> list[Any]:
     """``items`` with each ``bytes`` item of at least :data:`OUT_OF_BAND_MIN` bytes wrapped
     in :class:`BytesApart`."""
     return [BytesApart(x) if type(x) is bytes and len(x) >= OUT_OF_BAND_MIN else x for x in items]
+
+
+def has_large_bytes(items: Iterable[Any]) -> bool:
+    """Whether :func:`bytes_apart` would wrap one of ``items``."""
+    for x in items:
+        if type(x) is bytes and len(x) >= OUT_OF_BAND_MIN:
+            return True
+    return False
 
 
 def nbytes(parts: Sequence[Any]) -> int:

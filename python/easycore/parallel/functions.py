@@ -195,17 +195,27 @@ def portable(
         ) from e
 
 
-def pickle_args(obj: Any) -> list[Any]:
-    """``obj`` (a task's function and arguments) pickled with plain pickle, or with
+def pickle_args(obj: tuple[Any, tuple[Any, ...], dict[str, Any]], apart: bool = False) -> list[Any]:
+    """``obj``, a task's ``(function, args, kwargs)``, pickled with plain pickle, or with
     cloudpickle when plain pickle cannot (a lambda or closure among the arguments): the
     pickle, then the buffers of at least ``wire.OUT_OF_BAND_MIN`` bytes that protocol 5 leaves
     out of band (``[pickle]`` when there are none); ``pickle.loads(parts[0],
     buffers=parts[1:])`` reads it back either way. The buffers are the arguments' own memory,
     not copies: they are read when the task is sent.
 
+    With ``apart``, ``bytes`` arguments that large (``args`` and the values of ``kwargs``,
+    not ``bytes`` inside other objects) leave the pickle too, and unpickle as ``bytes``:
+    pickle copies a ``bytes`` object into the pickle itself (``wire.BytesApart``). A pool
+    asks for it once its tasks' pickles were that large (the look costs every task).
+
     Raises:
         Exception: what cloudpickle raised, when neither can pickle ``obj``.
     """
+    if apart:
+        f, args, kwargs = obj
+        if wire.has_large_bytes(args) or (kwargs and wire.has_large_bytes(kwargs.values())):
+            apart_kw = dict(zip(kwargs, wire.bytes_apart(kwargs.values()), strict=True))
+            obj = (f, tuple(wire.bytes_apart(args)), apart_kw)
     buffers: list[pickle.PickleBuffer] = []
 
     def out_of_band(b: pickle.PickleBuffer) -> bool:

@@ -47,6 +47,7 @@ from concurrent.futures import Future
 from typing import Any, ParamSpec, TypeVar
 
 import easycore.parallel.calls as calls
+from easycore._engine.wire import OUT_OF_BAND_MIN
 from easycore.errors import InvalidArgument
 from easycore.parallel.chunk_args import ChunkArgs
 from easycore.parallel.feed import _ONE, _STAR, _TaskBlob
@@ -133,6 +134,10 @@ class Pool(_PoolBase):
             (``devices`` then as the Ray backend's; default ``"all"``, one
             worker per CPU of the cluster). See docs/ray.md.
     """
+
+    # A task's pickle was large: its large ``bytes`` arguments leave the pickle from now on
+    # (see functions.pickle_args). Written by any submitting thread; only ever set.
+    _large_args = False
 
     def imap(
         self,
@@ -323,7 +328,9 @@ class Pool(_PoolBase):
         fut: Future[_T] = Future()
         try:
             f = portable(fn, self.start_method, self._bodies)
-            parts = pickle_args((f, args, kwargs))
+            parts = pickle_args((f, args, kwargs), self._large_args)
+            if len(parts[0]) >= OUT_OF_BAND_MIN:
+                self._large_args = True
             blob = parts[0] if len(parts) == 1 else ChunkArgs(*parts)
         except InvalidArgument:
             raise  # not a callable
