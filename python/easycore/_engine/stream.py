@@ -247,6 +247,7 @@ class Call:
         (``len(results)`` unless batches were packed). The caller counts each chunk with
         :meth:`delivered_chunk`."""
         get_many = self.workers.receive
+        results_waiting = self.workers.results_waiting
         inp = self.input
         next_health = time.monotonic() + TICK
         while True:
@@ -267,13 +268,16 @@ class Call:
             if inp.abort:
                 self._check_health()
                 raise RunnerClosedError("the call was aborted")
-            if inp.reads_direct() and not inp.read_and_send():
+            direct = inp.reads_direct()
+            if direct and not inp.read_and_send():
                 continue  # the input ended or raised: the checks above say what follows
             # Sleep on the output queue. While fewer batches are on their way than there are
             # producers, one may run dry: the reader wakes us (or sends) as each item comes.
             # Otherwise the next result wakes us soon, and new input waits for it (every
-            # producer has a batch meanwhile), without a check per item read.
-            if not inp.receiver_sleeps():
+            # producer has a batch meanwhile), without a check per item read. A result
+            # already there after a direct read (a producer that shares this thread's core
+            # ran while it sent) is taken without saying so first.
+            if not (direct and results_waiting()) and not inp.receiver_sleeps():
                 continue
             idle = inp.delivered >= inp.dispatched
             wait = TICK
@@ -338,8 +342,14 @@ class Call:
                 or len(inp.buf) > inp.buf_off
             ):
                 inp.send_ready()
-            # (receiver_sleeps says False, and no sleep, on a send or input error too.)
-            if inp.receiver_sleeps():
+            # (receiver_sleeps says False, and no sleep, on a send or input error too.) Results
+            # already there (the worker shared this thread's core while it sent) are taken
+            # without saying first that it sleeps.
+            if (
+                inp.send_error is None
+                and inp.input_error is None
+                and self.workers.results_waiting()
+            ) or inp.receiver_sleeps():
                 try:
                     msgs = self.workers.receive(64, timeout=wait)
                 except (QueueEmpty, QueueClosed):

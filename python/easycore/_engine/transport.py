@@ -72,6 +72,12 @@ class Transport:
         ``timeout``: ``QueueEmpty`` if none came, ``QueueClosed`` once stopped."""
         raise NotImplementedError
 
+    def results_waiting(self) -> int:
+        """How many messages :meth:`receive` would return without waiting, as far as a quick
+        look tells (0: unknown, or none): a receiving thread that finds one takes it at once,
+        without first saying it is about to sleep."""
+        return 0
+
     def wake(self, call: int) -> None:
         """Wakes the thread blocked in :meth:`receive` (a ``WAKE`` message of ``call``)."""
         raise NotImplementedError
@@ -213,6 +219,7 @@ class LocalWorkers(Transport):
         self.owner_pid = os.getpid()
         self.out_budget = out_budget
         self.receive = out_q.get_many  # type: ignore[method-assign]  # no frame
+        self.results_waiting = out_q.__len__  # type: ignore[method-assign]  # (a count of the queue's)
         self.send = functools.partial(in_q.put, block=False)  # type: ignore[method-assign]
         self._exit_poll: select.poll | None = None  # on the sentinels of the first _polled
         self._polled = 0
