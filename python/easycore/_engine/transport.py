@@ -219,7 +219,7 @@ class LocalWorkers(Transport):
         self.owner_pid = os.getpid()
         self.out_budget = out_budget
         self.receive = out_q.get_many  # type: ignore[method-assign]  # no frame
-        self.results_waiting = out_q.__len__  # type: ignore[method-assign]  # (a count of the queue's)
+        self.results_waiting = out_q.__len__  # type: ignore[method-assign]  # no frame
         self.send = functools.partial(in_q.put, block=False)  # type: ignore[method-assign]
         self._exit_poll: select.poll | None = None  # on the sentinels of the first _polled
         self._polled = 0

@@ -41,8 +41,9 @@ if TYPE_CHECKING:
     from easycore.parallel.schedule import Scheduler
     from easycore.parallel.tasks import _TaskHooks
 
-# A caller's own results in a request/response loop whose worker seconds are learned at once
-# (``StreamService._learn_cost``, once a first cost is known): the cost is a running mean.
+# How many of a caller's own results (a request/response loop) have their worker seconds
+# learned together (``StreamService._learn_cost``) once a first cost is known: the cost is a
+# running mean, and a learning costs each round trip about 0.3 µs on a shared core.
 OWN_LEARN_EVERY = 16
 
 
@@ -235,8 +236,7 @@ class CallerTurns:
                             # Its own result: straight to the caller (this thread).
                             out, secs = r[3]
                             job.own = out
-                            # Learned OWN_LEARN_EVERY at a time once a cost is known
-                            # (each learning costs about a microsecond on a shared core).
+                            # Its cost: learned OWN_LEARN_EVERY results at a time.
                             n = self.own_count + len(out)
                             secs += self.own_secs
                             if n < OWN_LEARN_EVERY and self.item_cost > 0:
