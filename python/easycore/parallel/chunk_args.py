@@ -73,7 +73,8 @@ def guard_args(
     sized: Callable[[float], None] | None = None,
 ) -> Callable[[list[Any]], list[Any]]:
     """``pack`` (the feed's), with each chunk's arguments pickled on their own (:class:`ChunkArgs`)
-    unless they are plain builtins (:func:`_plain_bytes`). Arguments that do not pickle so stay as
+    unless they are plain builtins (:func:`_plain_bytes`; their ``bytes`` of at least
+    ``wire.OUT_OF_BAND_MIN`` travel out of band). Arguments that do not pickle so stay as
     they are (the batch's pickling then finds them:
     see :meth:`easycore.parallel.tasks.PoolExtension.keep_sendable`). ``sized(bytes)`` is
     told the bytes per argument of each chunk (pickled, or the plain ones' length)."""
@@ -94,6 +95,11 @@ def guard_args(
                     continue
                 out[k] = (item[0], item[1], item[2], ChunkArgs(*parts), item[4])
                 nbytes = wire.nbytes(parts)
+            elif nbytes >= wire.OUT_OF_BAND_MIN:
+                # Large bytes arguments leave the batch's pickle (which would copy them into
+                # a fresh allocation of its own) and arrive as bytes (wire.BytesApart).
+                apart = wire.bytes_apart(args)
+                out[k] = (item[0], item[1], item[2], apart, item[4])
             if sized is not None and type(args) is list and args:
                 per = nbytes / len(args)
                 if per != said[0]:
