@@ -201,3 +201,43 @@ def chunk_sizes(monkeypatch):
 
     monkeypatch.setattr(_Job, "take_chunk", recorded)
     return sizes
+
+
+@pytest.fixture
+def sleeps_after_results_came(monkeypatch):
+    """``patch(name)``: each send by ``InputSide.<name>`` (a direct read's or a caller's)
+    waits until its result is there, as on a core shared with the producer, which runs
+    while the sender sends. Returns a list whose one number counts the sleeps announced
+    (``receiver_sleeps``) between such a send and the next results taken."""
+    from easycore._engine.input_side import InputSide
+    from easycore._engine.stream import Call
+
+    take, sleeps = Call._take, InputSide.receiver_sleeps
+    after_send = [False]
+    slept = [0]
+
+    def takes(self, msgs):
+        after_send[0] = False
+        return take(self, msgs)
+
+    def receiver_sleeps(self):
+        slept[0] += after_send[0]
+        return sleeps(self)
+
+    def patch(name: str) -> list[int]:
+        send = getattr(InputSide, name)
+
+        def sends(self, *args, **kwargs):
+            sent = send(self, *args, **kwargs)
+            deadline = time.monotonic() + 60
+            while sent and not self.workers.results_waiting() and time.monotonic() < deadline:
+                time.sleep(0.0002)
+            after_send[0] = sent
+            return sent
+
+        monkeypatch.setattr(InputSide, name, sends)
+        monkeypatch.setattr(Call, "_take", takes)
+        monkeypatch.setattr(InputSide, "receiver_sleeps", receiver_sleeps)
+        return slept
+
+    return patch

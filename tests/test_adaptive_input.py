@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -61,37 +60,14 @@ def test_feedback_input_through_hooks_is_read_directly():
         assert "easycore-input" in names  # it began in the input thread
 
 
-def test_a_result_already_there_after_a_direct_read_is_taken_without_a_sleep(monkeypatch):
+def test_a_result_already_there_after_a_direct_read_is_taken_without_a_sleep(
+    sleeps_after_results_came,
+):
     # Where the producer shares the receiving thread's core, it runs while that thread sends
     # a direct read's item, and the result waits when the thread looks: it took it only
     # after saying it would sleep (receiver_sleeps, a few tenths of a microsecond of a
-    # round trip). Each direct read here waits until its result is there, as on one core.
-    from easycore._engine.input_side import InputSide
-    from easycore._engine.stream import Call
-
-    read_and_send, take, sleeps = InputSide.read_and_send, Call._take, InputSide.receiver_sleeps
-    after_read = [False]
-    slept = [0]  # sleeps announced between a direct read and the next results
-
-    def reads_and_sends(self: InputSide) -> bool:
-        sent = read_and_send(self)
-        deadline = time.monotonic() + 60
-        while sent and not self.workers.results_waiting() and time.monotonic() < deadline:
-            time.sleep(0.0002)
-        after_read[0] = sent
-        return sent
-
-    def takes(self: Call, msgs: list) -> list:
-        after_read[0] = False
-        return take(self, msgs)
-
-    def receiver_sleeps(self: InputSide) -> bool:
-        slept[0] += after_read[0]
-        return sleeps(self)
-
-    monkeypatch.setattr(InputSide, "read_and_send", reads_and_sends)
-    monkeypatch.setattr(Call, "_take", takes)
-    monkeypatch.setattr(InputSide, "receiver_sleeps", receiver_sleeps)
+    # round trip).
+    slept = sleeps_after_results_came("read_and_send")
     got: queue.Queue[int] = queue.Queue()
     with rd.Collect(devices=2, start_method="fork") as r:
         out = []

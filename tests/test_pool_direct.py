@@ -66,37 +66,13 @@ def test_a_feedback_loop_is_read_sent_and_received_by_its_caller(ordered):
         assert p.stats.direct_items <= names.count(me)
 
 
-def test_a_result_already_there_after_a_callers_send_is_taken_without_a_sleep(monkeypatch):
+def test_a_result_already_there_after_a_callers_send_is_taken_without_a_sleep(
+    sleeps_after_results_came,
+):
     # Where the worker shares the caller's core, it runs while the caller sends its item,
     # and the result waits when the caller looks: it took it only after saying it would
-    # sleep (receiver_sleeps, a few tenths of a microsecond of a round trip). Each of the
-    # caller's sends here waits until its result is there, as on one core.
-    from easycore._engine.input_side import InputSide
-    from easycore._engine.stream import Call
-
-    send_direct, take, sleeps = InputSide.send_direct, Call._take, InputSide.receiver_sleeps
-    after_send = [False]
-    slept = [0]  # sleeps announced between a caller's send and the next results
-
-    def sends_direct(self: InputSide, items: list, now: bool = False, queue: bool = False):
-        sent = send_direct(self, items, now, queue)
-        deadline = time.monotonic() + 60
-        while sent and not self.workers.results_waiting() and time.monotonic() < deadline:
-            time.sleep(0.0002)
-        after_send[0] = sent
-        return sent
-
-    def takes(self: Call, msgs: list) -> list:
-        after_send[0] = False
-        return take(self, msgs)
-
-    def receiver_sleeps(self: InputSide) -> bool:
-        slept[0] += after_send[0]
-        return sleeps(self)
-
-    monkeypatch.setattr(InputSide, "send_direct", sends_direct)
-    monkeypatch.setattr(Call, "_take", takes)
-    monkeypatch.setattr(InputSide, "receiver_sleeps", receiver_sleeps)
+    # sleep (receiver_sleeps, a few tenths of a microsecond of a round trip).
+    slept = sleeps_after_results_came("send_direct")
     got: queue.Queue[int] = queue.Queue()
     with Pool(2) as p:
         out: list[int] = []
