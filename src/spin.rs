@@ -43,7 +43,17 @@
 //! * **Spinning on a CPU that another thread wants.** A spinner that finds it was
 //!   descheduled (a gap between two looks at the clock: [`Spun::Descheduled`]) stops at
 //!   once and counts a miss, even if the answer came meanwhile: on a shared core the answer
-//!   comes only while the spinner is off its CPU, so a spin there only delays it.
+//!   comes only while the spinner is off its CPU, so a spin there only delays it. An answer
+//!   found after a shorter gap ([`CATCH_GAP`], below the partner's turn) is no catch either:
+//!   the partner gave it while the spinner was off its CPU (counted as a catch, it kept
+//!   spinning on for a request/response loop on one core). A spinner is seldom descheduled,
+//!   though, while the thread it waits for is already runnable on its CPU (the scheduler
+//!   preempts at a wake-up or a tick, milliseconds apart), so such a spin runs its whole
+//!   length. So a probe (a spin while spinning is off, [`Spin::Probe`]) of a process that
+//!   may use one CPU only spins only where no other thread is runnable
+//!   ([`a_probe_may_spin`]), and one that does not spin counts as a miss: a request/response
+//!   loop whose two sides share one core otherwise lost the handle's whole spin (20 µs, a
+//!   round trip's length) once in [`PROBE_MAX`] round trips.
 //!
 //! A queue's reader that spins also tells the queue's writers so
 //! ([`crate::queue`]'s `spinners`): the next commit, which the spinner will take, then wakes
@@ -85,20 +95,49 @@ pub struct SpinPolicy {
     typical_ns: AtomicU64,
 }
 
+/// Whether a wait spins before it sleeps ([`SpinPolicy::should_spin`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Spin {
+    /// It sleeps at once (spinning is off, and this wait is no probe).
+    No,
+    /// Spinning is on: the last spins caught their answers, or too few missed.
+    On,
+    /// Spinning is off, and this wait is one of the few that look whether it pays again:
+    /// only where a CPU is free ([`a_cpu_is_free`], see the module).
+    Probe,
+}
+
 impl SpinPolicy {
     /// Whether the wait about to start should spin before it sleeps.
-    pub fn should_spin(&self) -> bool {
+    pub fn should_spin(&self) -> Spin {
         let misses = self.misses.load(Ordering::Relaxed);
         if misses < MISS_LIMIT {
-            return true;
+            return Spin::On;
         }
         let every = (2u32 << (misses - MISS_LIMIT).min(5)).min(PROBE_MAX);
         let skipped = self.skipped.fetch_add(1, Ordering::Relaxed) + 1;
         if skipped >= every {
             self.skipped.store(0, Ordering::Relaxed);
-            return true;
+            return Spin::Probe;
         }
-        false
+        Spin::No
+    }
+
+    /// Whether the wait about to start spins ([`SpinPolicy::should_spin`]), asking
+    /// `probe_may_spin` ([`a_probe_may_spin`]) for a probe only; a probe that may not
+    /// counts as a miss, so probes grow rarer as after a spin that missed.
+    pub fn spins(&self, probe_may_spin: impl FnOnce() -> bool) -> bool {
+        match self.should_spin() {
+            Spin::On => true,
+            Spin::No => false,
+            Spin::Probe => {
+                let may = probe_may_spin();
+                if !may {
+                    self.record(false);
+                }
+                may
+            }
+        }
     }
 
     /// What a spin ended in: `caught` if the answer came while spinning, else a sleep.
@@ -150,16 +189,29 @@ impl SpinPolicy {
 /// (no `/proc`): spins then keep to the handle's own length.
 pub fn a_cpu_is_free() -> bool {
     static LOADAVG: OnceLock<Option<File>> = OnceLock::new();
-    static CPUS: OnceLock<usize> = OnceLock::new();
     let Some(file) = LOADAVG.get_or_init(|| File::open("/proc/loadavg").ok()) else {
         return false;
     };
-    let cpus = *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut buf = [0u8; 128];
     let Ok(n) = file.read_at(&mut buf, 0) else {
         return false;
     };
-    runnable(&buf[..n]).is_some_and(|r| r.saturating_sub(1) < cpus)
+    runnable(&buf[..n]).is_some_and(|r| r.saturating_sub(1) < usable_cpus())
+}
+
+/// The CPUs this process may use (its affinity, or its cgroup's quota), asked once.
+fn usable_cpus() -> usize {
+    static CPUS: OnceLock<usize> = OnceLock::new();
+    *CPUS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// Whether a probe may spin ([`Spin::Probe`]): unless this process may use one CPU only and
+/// another thread is runnable, which on that CPU can only be waiting for it (see the
+/// module). Elsewhere the answering side may run on another CPU while the spinner waits,
+/// as beside busy processes, where a probe that catches its answer spares the wake-ups of
+/// an idle CPU.
+pub fn a_probe_may_spin() -> bool {
+    usable_cpus() > 1 || a_cpu_is_free()
 }
 
 /// The runnable threads in a `/proc/loadavg` line (`"0.52 0.58 0.59 3/467 12345"`: its
@@ -172,21 +224,36 @@ fn runnable(line: &[u8]) -> Option<usize> {
     field.split_once('/')?.0.parse().ok()
 }
 
-/// A gap this long between two looks at the clock (about a microsecond apart while a spin
-/// runs) means the spinner was descheduled meanwhile: its CPU is wanted by another thread.
+/// A gap this long between two looks at the clock (a fraction of a microsecond apart while
+/// a spin runs: [`PAUSES_PER_LOOK`]) means the spinner was descheduled meanwhile: its CPU is
+/// wanted by another thread, and the spin stops.
 pub const DESCHEDULED_GAP: Duration = Duration::from_micros(20);
+
+/// A gap this long before the look that found the answer means the answer came while the
+/// spinner was off its CPU: no catch ([`Spun::Descheduled`]). Below the shortest turn of a
+/// partner sharing the spinner's core (two context switches and its side's work: 8 µs and
+/// more for a Python loop), so that on a shared core spinning turns off, where each spin
+/// only delays the answer; far above the time between two looks. (A spin goes on through
+/// shorter gaps than [`DESCHEDULED_GAP`]: stopping one early may cost a wake-up.)
+pub const CATCH_GAP: Duration = Duration::from_micros(5);
+
+/// Pause instructions between two looks at the clock while a spin runs: 0.1–0.5 µs.
+pub const PAUSES_PER_LOOK: u32 = 8;
 
 /// What a spin ([`spin_until`]) ended in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Spun {
-    /// `done()` held, and the spinner kept its CPU throughout.
+    /// `done()` held, and the spinner kept its CPU throughout (no gap of [`CATCH_GAP`]
+    /// before it held).
     Caught,
     /// The time was up.
     Missed,
-    /// The spinner lost its CPU for a while ([`DESCHEDULED_GAP`]): the spin ends at once
-    /// (whether `done()` holds now is the caller's to look). Its CPU is shared with
-    /// another runnable thread, perhaps the one it waits for: spinning there only delays
-    /// the answer, so the policy counts it as a miss whatever the answer did meanwhile.
+    /// The spinner lost its CPU for a while: the spin ends at once, after a gap of
+    /// [`DESCHEDULED_GAP`] (whether `done()` holds now is the caller's to look), or `done()`
+    /// held after a gap of [`CATCH_GAP`]. Its CPU is shared with another runnable thread,
+    /// perhaps the one it waits for, whose answer then came while the spinner was off the
+    /// CPU: spinning there only delays the answer, so the policy counts it as a miss
+    /// whatever the answer did meanwhile.
     Descheduled,
 }
 
@@ -195,9 +262,13 @@ pub enum Spun {
 pub fn spin_until(until: Instant, done: impl Fn() -> bool) -> Spun {
     let mut last = Instant::now();
     loop {
-        // About a microsecond of pauses between two looks at the clock.
-        for _ in 0..32 {
+        for _ in 0..PAUSES_PER_LOOK {
             if done() {
+                // Caught only if this thread kept its CPU until now: on a core shared with
+                // the answering side, the answer comes while the spinner is descheduled.
+                if last.elapsed() >= CATCH_GAP {
+                    return Spun::Descheduled;
+                }
                 return Spun::Caught;
             }
             std::hint::spin_loop();
@@ -236,26 +307,68 @@ mod tests {
     #[test]
     fn spinning_stops_after_misses_and_probes_turn_it_back_on() {
         let p = SpinPolicy::default();
-        assert!(p.should_spin());
+        assert_eq!(p.should_spin(), Spin::On);
         p.record(false);
-        assert!(p.should_spin(), "one miss is not enough to stop");
+        assert_eq!(p.should_spin(), Spin::On, "one miss is not enough to stop");
         p.record(false);
         assert_eq!(p.misses(), MISS_LIMIT);
-        // Off: one wait in two spins (a probe), then one in four after that probe missed.
-        let first: Vec<bool> = (0..4).map(|_| p.should_spin()).collect();
-        assert_eq!(first.iter().filter(|s| **s).count(), 2, "{first:?}");
+        // Off: one wait in two is a probe, then one in four after that probe missed.
+        let first: Vec<Spin> = (0..4).map(|_| p.should_spin()).collect();
+        assert_eq!(first, [Spin::No, Spin::Probe, Spin::No, Spin::Probe]);
         p.record(false);
-        let next: Vec<bool> = (0..8).map(|_| p.should_spin()).collect();
-        assert_eq!(next.iter().filter(|s| **s).count(), 2, "{next:?}");
+        let next: Vec<Spin> = (0..8).map(|_| p.should_spin()).collect();
+        assert_eq!(
+            next.iter().filter(|s| **s == Spin::Probe).count(),
+            2,
+            "{next:?}"
+        );
+        assert!(!next.contains(&Spin::On), "{next:?}");
         // Probes never grow rarer than one in PROBE_MAX.
         for _ in 0..100 {
             p.record(false);
         }
-        let spins = (0..PROBE_MAX * 3).filter(|_| p.should_spin()).count();
-        assert_eq!(spins, 3);
+        let probes = (0..PROBE_MAX * 3)
+            .filter(|_| p.should_spin() == Spin::Probe)
+            .count();
+        assert_eq!(probes, 3);
         // One probe that catches its answer turns spinning back on for every wait.
         p.record(true);
-        assert!((0..10).all(|_| p.should_spin()));
+        assert!((0..10).all(|_| p.should_spin() == Spin::On));
+    }
+
+    #[test]
+    fn a_probe_spins_only_where_it_may_and_one_that_may_not_is_a_miss() {
+        let p = SpinPolicy::default();
+        // On: spins without asking.
+        assert!(p.spins(|| panic!("asked while spinning is on")));
+        p.record(false);
+        p.record(false);
+        // Off: the waits between probes sleep without asking; a probe asks.
+        assert!(!p.spins(|| panic!("asked between probes")));
+        assert!(!p.spins(|| false));
+        assert_eq!(
+            p.misses(),
+            MISS_LIMIT + 1,
+            "a probe that may not spin was no miss"
+        );
+        // Probes grew rarer: one in four now, then one in eight, as after probes that spun
+        // and missed.
+        let asked = std::cell::Cell::new(Vec::new());
+        for k in 0..12 {
+            p.spins(|| {
+                asked.set([asked.take(), vec![k]].concat());
+                false
+            });
+        }
+        assert_eq!(asked.take(), [3, 11]);
+        // A probe that may spin spins, and a catch turns spinning on.
+        let mut waits = 0;
+        while !p.spins(|| true) {
+            waits += 1;
+            assert!(waits <= PROBE_MAX, "no probe in {waits} waits");
+        }
+        p.record(true);
+        assert!(p.spins(|| panic!("asked while spinning is on")));
     }
 
     #[test]
@@ -333,5 +446,27 @@ mod tests {
             start.elapsed() < Duration::from_secs(30),
             "it spun on to its time"
         );
+    }
+
+    #[test]
+    fn an_answer_that_came_while_the_spinner_was_off_its_cpu_is_no_catch() {
+        // The answer comes during the stand-in for a partner's turn on the spinner's core
+        // (a sleep inside done()): before, the spin counted it as caught, and spinning stayed
+        // on where it only delays every answer.
+        let n = AtomicU32::new(0);
+        let spun = spin_until(Instant::now() + Duration::from_secs(60), || {
+            if n.fetch_add(1, Ordering::Relaxed) == 3 {
+                std::thread::sleep(CATCH_GAP * 3);
+                return true;
+            }
+            false
+        });
+        assert_eq!(spun, Spun::Descheduled);
+        // An answer that comes while the spinner runs is caught.
+        let n = AtomicU32::new(0);
+        let spun = spin_until(Instant::now() + Duration::from_secs(60), || {
+            n.fetch_add(1, Ordering::Relaxed) >= 3
+        });
+        assert!(matches!(spun, Spun::Caught | Spun::Descheduled), "{spun:?}");
     }
 }

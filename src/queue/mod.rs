@@ -71,7 +71,7 @@ use crate::liveness::{self, Identity, QueueToken};
 use crate::shm::{Owner, Pages, Segment};
 use crate::shmlock::ShmLockGuard;
 use crate::slots::{SideBuf, SlotMaps, TableAt};
-use crate::spin::{a_cpu_is_free, spin_until, SpinPolicy, Spun};
+use crate::spin::{a_cpu_is_free, a_probe_may_spin, spin_until, SpinPolicy, Spun};
 use crate::wait::{self, current_pid};
 use layout::{align_up, Header, RecordHeader, ALIGN, HEADER_BYTES, MAGIC, REC_BYTES, VERSION};
 use parties::Side;
@@ -674,7 +674,7 @@ impl Queue {
             return Waited::Woke;
         }
         let policy = &self.spin_policy[side as usize];
-        let spun = !self.spin.is_zero() && policy.should_spin();
+        let spun = !self.spin.is_zero() && policy.spins(a_probe_may_spin);
         if spun {
             // Longer than the handle's own spin only while a CPU is free (crate::spin).
             let mut budget = policy.budget(self.spin);
