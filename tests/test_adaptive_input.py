@@ -186,9 +186,10 @@ def test_each_probe_comes_after_the_interval_the_schedule_gives(probes_asked, fo
 def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner(monkeypatch):
     """The runner's habit: a call that follows one whose receiving thread read its input
     asks for its own after HABIT_AFTER waits with nothing in flight, with its
-    predecessor's probe interval (at most PROBE_INHERITED_MAX); a list call leaves the habit
-    as it is."""
+    predecessor's probe interval (at most PROBE_INHERITED_MAX, the time bound aside); a list
+    call leaves the habit as it is."""
     import easycore._engine.input_side as input_side
+    import easycore._engine.probes as probes
     from easycore._engine.probes import (
         DIRECT_AFTER,
         HABIT_AFTER,
@@ -204,6 +205,7 @@ def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner(m
         starts.append((self.adaptive, self.starved, self.probe_at))
 
     monkeypatch.setattr(input_side.InputSide, "__init__", recording)
+    monkeypatch.setattr(probes, "PROBE_INHERITED_S", 0.0)  # (its count bound alone)
     got: queue.Queue[int] = queue.Queue()
 
     Feedback = rd.feeding(got)
@@ -229,10 +231,16 @@ def test_a_call_whose_input_ran_ahead_ends_the_habit():
     from types import SimpleNamespace
 
     from easycore._engine.input_side import InputSide
-    from easycore._engine.probes import PROBE_INHERITED_MAX
+    from easycore._engine.probes import PROBE_INHERITED_MAX, PROBE_INHERITED_S
 
     def left(habit: int, **kw) -> int:
-        fields = {"adaptive": True, "handed_over": False, "took_several": False, "probe_at": 64}
+        fields = {
+            "adaptive": True,
+            "handed_over": False,
+            "took_several": False,
+            "probe_at": 64,
+            "probe_pace": 0.0,
+        }
         side = SimpleNamespace(**{**fields, **kw})
         side.learned = SimpleNamespace(probe_habit=habit)
         InputSide.leave_habit(side)  # type: ignore[arg-type]
@@ -244,6 +252,15 @@ def test_a_call_whose_input_ran_ahead_ends_the_habit():
     assert left(32) == 32  # too short to tell
     assert left(0, handed_over=True, probe_at=1 << 20) == PROBE_INHERITED_MAX
     assert left(32, adaptive=False, handed_over=True) == 32
+    # A fast loop inherits up to PROBE_INHERITED_S of its pace (a loop of 20 µs round trips:
+    # 1,250 items, where 256 made calls of 3,000 items probe three times each); a slow one
+    # at most PROBE_INHERITED_MAX items still.
+    fast = 20e-6
+    assert left(0, handed_over=True, probe_at=1 << 20, probe_pace=fast) == int(
+        PROBE_INHERITED_S / fast
+    )
+    assert left(0, handed_over=True, probe_at=1000, probe_pace=fast) == 1000
+    assert left(0, handed_over=True, probe_at=1 << 20, probe_pace=1e-3) == PROBE_INHERITED_MAX
 
 
 def test_no_wait_counts_before_a_result_came():

@@ -391,13 +391,15 @@ def test_a_caller_asks_for_its_input_again_only_after_the_feed_began_to_read_it(
 def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner():
     """The pool's habit: a call that follows one whose caller read its input asks for its
     own input after HABIT_AFTER waits with nothing on its way (once it took a result), and
-    starts with its predecessor's probe interval (at most PROBE_INHERITED_MAX); a list or a
-    chunked call leaves the habit as it is; a call whose input ran ahead ends it."""
+    starts with its predecessor's probe interval (at most PROBE_INHERITED_MAX items, or
+    PROBE_INHERITED_S of a fast loop's pace); a list or a chunked call leaves the habit as it
+    is; a call whose input ran ahead ends it."""
     from easycore._engine.probes import (
         DIRECT_AFTER,
         HABIT_AFTER,
         PROBE_FIRST,
         PROBE_INHERITED_MAX,
+        PROBE_INHERITED_S,
     )
 
     def first_waits(job: _Job) -> list[int]:
@@ -427,6 +429,16 @@ def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner()
     assert job.probe_at == PROBE_FIRST
     assert first_waits(job) == usual
     pool.scheduler.close_job(5)
+    # A fast loop (20 µs an item in its last probe interval) inherits up to
+    # PROBE_INHERITED_S of its pace, more than PROBE_INHERITED_MAX items.
+    job = pool.open(6, iter(range(100)))
+    assert first_waits(job) == usual
+    job.input_turn()
+    job.probe_at, job.probe_pace = 1 << 20, 20e-6
+    pool.scheduler.close_job(6)
+    job = pool.open(7, iter(range(100)))
+    assert job.probe_at == int(PROBE_INHERITED_S / 20e-6) > PROBE_INHERITED_MAX
+    pool.scheduler.close_job(7)
     pool.close()
 
 

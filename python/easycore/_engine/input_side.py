@@ -121,6 +121,7 @@ class InputSide:
         # tries again (a probe), and when the input was handed over (``reader._hand_over``).
         self.probe_at = PROBE_FIRST
         self.direct_since = 0.0
+        self.probe_pace = 0.0  # seconds per item of the last probe interval (0: none yet)
         self.handed_over = False  # the receiving thread read the input itself (once at least)
         self.took_several = False  # more than one item was in flight (the input ran ahead)
         self.learned = learned
@@ -331,9 +332,9 @@ class InputSide:
                 # the input thread reads next goes behind it): an input that now runs ahead
                 # gets its batches back; a request/response one is handed back after its
                 # next item, and tried again later (probes.py).
-                self.probe_at = next_probe_at(
-                    self.direct_reads, time.monotonic() - self.direct_since
-                )
+                seconds = time.monotonic() - self.direct_since
+                self.probe_at = next_probe_at(self.direct_reads, seconds)
+                self.probe_pace = seconds / self.direct_reads
                 self.starved = DIRECT_AFTER - 1  # still request/response: ask at once
                 with self.cond:
                     self.awaiting_reader = True
@@ -379,7 +380,11 @@ class InputSide:
         if self.adaptive:
             learned = self.learned
             learned.probe_habit = habit_after(
-                learned.probe_habit, self.handed_over, self.took_several, self.probe_at
+                learned.probe_habit,
+                self.handed_over,
+                self.took_several,
+                self.probe_at,
+                self.probe_pace,
             )
 
     def input_ended(self) -> None:

@@ -21,6 +21,11 @@ A call that follows a request/response call of the same runner or pool (its habi
 ``input_side.py``, ``parallel/job.py``) asks for its input after :data:`HABIT_AFTER` such
 waits, and starts with its predecessor's interval (:func:`habit_after`): a loop
 that makes many short calls pays the start and the first probes once, not at every call.
+The interval it inherits is at most about :data:`PROBE_INHERITED_S` of its predecessor's
+pace (at least :data:`PROBE_INHERITED_MAX` items): an input that runs ahead from such a
+call's start is read ahead again within about that long, and a fast loop of calls of a
+few thousand items probes once a call, not three times (a probe took 0.2–0.3 ms on one
+shared core: 1.5 % of a 3,000-item call of 19 µs round trips).
 """
 
 from __future__ import annotations
@@ -34,6 +39,9 @@ PROBE_SPAN_S = 0.1  #: the time a probe interval aims at (seconds of the loop's 
 #: The longest interval a call inherits: an input that runs ahead from the start of a call
 #: that followed a request/response one is read ahead again after at most that many items.
 PROBE_INHERITED_MAX = 256
+#: The longest interval a call inherits, in seconds of its predecessor's pace, where that
+#: is more than :data:`PROBE_INHERITED_MAX` items.
+PROBE_INHERITED_S = 0.025
 
 
 def next_probe_at(items: int, seconds: float) -> int:
@@ -46,11 +54,18 @@ def next_probe_at(items: int, seconds: float) -> int:
     return max(PROBE_FIRST, min(2 * items, int(items * PROBE_SPAN_S / seconds)))
 
 
-def habit_after(previous: int, handed_over: bool, took_several: bool, probe_at: int) -> int:
+def habit_after(
+    previous: int, handed_over: bool, took_several: bool, probe_at: int, pace: float = 0.0
+) -> int:
     """A runner's or pool's habit once a call read adaptively ended (0: none): where its
     caller read the input itself (``handed_over``), the first probe interval of the next
-    call (its own next interval, at most :data:`PROBE_INHERITED_MAX`); where the input ran
-    ahead (``took_several``), none; else (a call too short to tell) ``previous``."""
+    call (its own next interval, at most :data:`PROBE_INHERITED_S` of its ``pace``, the
+    seconds per item of its last probe interval (0: not known), and at most
+    :data:`PROBE_INHERITED_MAX` items where that is less); where the input ran ahead
+    (``took_several``), none; else (a call too short to tell) ``previous``."""
     if handed_over:
-        return max(PROBE_FIRST, min(probe_at, PROBE_INHERITED_MAX))
+        most = PROBE_INHERITED_MAX
+        if pace > 0 and PROBE_INHERITED_S > most * pace:
+            most = int(PROBE_INHERITED_S / pace)
+        return max(PROBE_FIRST, min(probe_at, most))
     return 0 if took_several else previous

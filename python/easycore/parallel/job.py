@@ -203,6 +203,7 @@ class _Job:
         # an input that now runs ahead is read in segments again).
         self.direct_reads = 0  # items the caller read since the input was handed over
         self.direct_since = 0.0  # when it was handed over (time.monotonic)
+        self.probe_pace = 0.0  # seconds per item of the last probe interval (0: none yet)
         self.probe_at = PROBE_FIRST
         self.handed_over = False  # the caller read the input itself (at least once)
         self.took_several = False  # the caller took several results at once (ran ahead)
@@ -313,7 +314,9 @@ class _Job:
         chunked input, a call too short to tell) ``previous``."""
         if self.it is None or self.chunksize is not None:
             return previous
-        return habit_after(previous, self.handed_over, self.took_several, self.probe_at)
+        return habit_after(
+            previous, self.handed_over, self.took_several, self.probe_at, self.probe_pace
+        )
 
     def input_turn(self) -> None:
         """The feed, not reading this input (between segments, under the scheduler's lock):
@@ -380,9 +383,9 @@ class _Job:
             back = self.handing_back
             if back:
                 self.handing_back = False
-                self.probe_at = next_probe_at(
-                    self.direct_reads, time.monotonic() - self.direct_since
-                )
+                seconds = time.monotonic() - self.direct_since
+                self.probe_at = next_probe_at(self.direct_reads, seconds)
+                self.probe_pace = seconds / max(1, self.direct_reads)
                 self.starved = DIRECT_AFTER - 1
                 self.direct = self.want_direct = False
                 self.awaiting_feed = True
