@@ -102,8 +102,8 @@ pub enum Spin {
     No,
     /// Spinning is on: the last spins caught their answers, or too few missed.
     On,
-    /// Spinning is off, and this wait is one of the few that look whether it pays again:
-    /// only where a CPU is free ([`a_cpu_is_free`], see the module).
+    /// Spinning is off, and this wait is one of the few that look whether it pays again,
+    /// where it may ([`a_probe_may_spin`], see the module).
     Probe,
 }
 
