@@ -168,7 +168,7 @@ def no_leaks():
 
 @pytest.fixture
 def probes_asked(monkeypatch):
-    """Adaptive reading's schedule (``probes.next_probe_at``), where the runners and the pool
+    """Adaptive reading's schedule (``probes.after_probe``), where the runners and the pool
     use it, replaced by one that keeps the first interval (as for a slow loop); the list of
     each ended interval's ``(items, seconds)``."""
     import easycore._engine.input_side as input_side
@@ -177,12 +177,12 @@ def probes_asked(monkeypatch):
 
     asked: list[tuple[int, float]] = []
 
-    def schedule(items: int, seconds: float) -> int:
+    def schedule(items: int, seconds: float) -> tuple[int, float]:
         asked.append((items, seconds))
-        return PROBE_FIRST
+        return PROBE_FIRST, seconds / max(1, items)
 
     for module in (input_side, job):
-        monkeypatch.setattr(module, "next_probe_at", schedule)
+        monkeypatch.setattr(module, "after_probe", schedule)
     return asked
 
 

@@ -38,8 +38,8 @@ from easycore._engine.probes import (
     DIRECT_AFTER,
     HABIT_AFTER,
     PROBE_FIRST,
+    after_probe,
     habit_after,
-    next_probe_at,
 )
 from easycore._engine.runs import FLAG_ON, Flag, IteratorRuns, RunSource
 from easycore._engine.stats import RunnerStats
@@ -332,9 +332,9 @@ class InputSide:
                 # the input thread reads next goes behind it): an input that now runs ahead
                 # gets its batches back; a request/response one is handed back after its
                 # next item, and tried again later (probes.py).
-                seconds = time.monotonic() - self.direct_since
-                self.probe_at = next_probe_at(self.direct_reads, seconds)
-                self.probe_pace = seconds / self.direct_reads
+                self.probe_at, self.probe_pace = after_probe(
+                    self.direct_reads, time.monotonic() - self.direct_since
+                )
                 self.starved = DIRECT_AFTER - 1  # still request/response: ask at once
                 with self.cond:
                     self.awaiting_reader = True

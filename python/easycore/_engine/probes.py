@@ -54,6 +54,13 @@ def next_probe_at(items: int, seconds: float) -> int:
     return max(PROBE_FIRST, min(2 * items, int(items * PROBE_SPAN_S / seconds)))
 
 
+def after_probe(items: int, seconds: float) -> tuple[int, float]:
+    """A probe ended an interval of ``items`` items read directly in ``seconds``: the next
+    interval (:func:`next_probe_at`) and the loop's pace, seconds per item (what
+    :func:`habit_after` bounds an inherited interval by)."""
+    return next_probe_at(items, seconds), seconds / max(1, items)
+
+
 def habit_after(
     previous: int, handed_over: bool, took_several: bool, probe_at: int, pace: float = 0.0
 ) -> int:

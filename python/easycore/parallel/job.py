@@ -16,8 +16,8 @@ from easycore._engine.probes import (
     DIRECT_AFTER,
     HABIT_AFTER,
     PROBE_FIRST,
+    after_probe,
     habit_after,
-    next_probe_at,
 )
 from easycore._engine.reports import _loads_or_none, worker_error
 from easycore._engine.wire import describe_unpicklable
@@ -383,9 +383,9 @@ class _Job:
             back = self.handing_back
             if back:
                 self.handing_back = False
-                seconds = time.monotonic() - self.direct_since
-                self.probe_at = next_probe_at(self.direct_reads, seconds)
-                self.probe_pace = seconds / max(1, self.direct_reads)
+                self.probe_at, self.probe_pace = after_probe(
+                    self.direct_reads, time.monotonic() - self.direct_since
+                )
                 self.starved = DIRECT_AFTER - 1
                 self.direct = self.want_direct = False
                 self.awaiting_feed = True
