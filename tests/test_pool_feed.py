@@ -460,3 +460,28 @@ def test_work_left_for_the_feed_goes_as_it_begins_to_read_an_iterator_input():
     pool.close()
     feed.cut()
     assert list(it) == []
+
+
+def test_a_closed_job_the_feed_dropped_first_still_leaves_its_habit():
+    """A caller's close marks its job closed, then tells the scheduler; a feed that looked
+    for work in between dropped it already: its habit (here, a request/response call's) is
+    kept all the same (it was lost: the next call started as the first one)."""
+    pool = FakePool()
+    feed = pool.new_feed()
+    job = pool.open(1, iter(range(100)))
+    job.handed_over = True  # (its caller read its input: a request/response call)
+    with job.lock:
+        job.closed = True  # calls.close_job's first step
+    it = iter(feed)
+    got: list = []
+    t = threading.Thread(target=lambda: got.append(next(it)), daemon=True)
+    t.start()
+    deadline = time.monotonic() + 30
+    while 1 in pool.jobs and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert 1 not in pool.jobs  # dropped by the feed, which now waits for work
+    pool.scheduler.close_job(1)  # calls.close_job's second step finds it gone
+    assert pool.scheduler._habit == job.habit(0) > 0
+    pool.submit(5)
+    t.join(30)
+    assert got and got[0][1] == 5

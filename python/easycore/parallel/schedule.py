@@ -341,7 +341,9 @@ class Scheduler:
                     del order, job  # not held while waiting: a finished job is freed
                 if jobs and any(j.closed for j in jobs.values()):
                     for jid in [jid for jid, j in jobs.items() if j.closed]:
-                        del jobs[jid]  # abandoned (its results iterator was dropped)
+                        # Abandoned (its results iterator was dropped), or closed by its
+                        # caller, who finds it gone: its habit is taken here then.
+                        self._habit = jobs.pop(jid).habit(self._habit)
                 if self._closing and self._all_sent():
                     raise StopIteration  # closed, and every call and task was sent
                 if jobs or tasks or running or not self.stream_drained():
