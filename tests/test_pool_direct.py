@@ -377,6 +377,33 @@ def test_close_reads_a_direct_input_to_its_end():
     assert out == list(range(slow + 40))
 
 
+def test_a_call_that_follows_a_feedback_call_starts_in_its_callers_hands(tmp_path):
+    """The pool's habit: after a request/response call, the next call's caller reads its
+    first item itself (no hop through the pool's threads); a call with a ``timeout`` keeps
+    its input to the feed; a call on trial whose input runs ahead with slow items hands it
+    back while it waits, and its items run side by side (each waits for the other)."""
+    me = threading.current_thread().name
+
+    def feedback(n: int, timeout: float | None = None) -> list[str]:
+        got: queue.Queue[int] = queue.Queue()  # (one a call: _loop leaves its last result)
+        names: list[str] = []
+        out: list[int] = []
+        _loop(p.imap_unordered(pd.square, _feedback(n, got, names), timeout=timeout), got, out)
+        assert sorted(out) == [x * x for x in range(n)]
+        return names
+
+    with Pool(2) as p:
+        feedback(N)
+        assert p.stats.direct_items > N // 4  # (the habit: the input was handed over)
+        for _ in range(3):
+            assert feedback(50)[0] == me
+        assert feedback(50, timeout=60)[0] != me
+        assert feedback(50)[0] == me  # (a deadline leaves the habit as it was)
+        a, b = str(tmp_path / "a"), str(tmp_path / "b")
+        both = list(p.imap_unordered(pd.mark_then_wait, iter([(a, b), (b, a)])))
+        assert both == [True, True]
+
+
 def test_maxtasksperchild_keeps_to_the_feed():
     got: queue.Queue[int] = queue.Queue()
     with Pool(2, maxtasksperchild=50) as p:

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from easycore.parallel.feed import _ONE, _TASK, Feed
-from easycore.parallel.job import ASK, READ, WAIT, _Job
+from easycore.parallel.job import ASK, GIVE, READ, WAIT, _Job
 from easycore.parallel.schedule import Scheduler
 
 
@@ -87,9 +87,16 @@ class FakePool:
     def close(self) -> None:
         self.scheduler.close()
 
-    def open(self, jid: int, data, window: int = 100, chunksize: int | None = None) -> _Job:
+    def open(
+        self,
+        jid: int,
+        data,
+        window: int = 100,
+        chunksize: int | None = None,
+        deadline: bool = False,
+    ) -> _Job:
         job = self.scheduler.open_job(
-            lambda _jid: _Job(jid, fn, data, _ONE, True, window, chunksize, [10**6])
+            lambda _jid: _Job(jid, fn, data, _ONE, True, window, chunksize, [10**6]), deadline
         )
         assert job is not None
         return job
@@ -422,9 +429,18 @@ def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner()
         pool.scheduler.close_job(jid)  # neither changes the habit
     job = pool.open(4, iter(range(100)))
     assert job.probe_at == PROBE_INHERITED_MAX
+    # It starts in its caller's hands, on trial: the caller reads its first item itself.
+    assert job.direct and job.trial_until > 0
+    with job.lock:
+        assert job.wait_step(True, lambda: True) == READ
+    job.caller_reads = False
+    pool.scheduler.close_job(4)
+    # With a deadline (a call's timeout) it is the feed's, and asked for sooner.
+    job = pool.open(41, iter(range(100)), deadline=True)
+    assert not job.direct and job.probe_at == PROBE_INHERITED_MAX
     assert first_waits(job)[:HABIT_AFTER] == [WAIT] * (HABIT_AFTER - 1) + [ASK]
     job.ran_ahead()  # several results at once: this input runs ahead
-    pool.scheduler.close_job(4)
+    pool.scheduler.close_job(41)
     job = pool.open(5, iter(range(100)))
     assert job.probe_at == PROBE_FIRST
     assert first_waits(job) == usual
@@ -460,6 +476,39 @@ def test_work_left_for_the_feed_goes_as_it_begins_to_read_an_iterator_input():
     pool.close()
     feed.cut()
     assert list(it) == []
+
+
+def test_a_call_on_trial_hands_its_input_back_once_the_trial_is_over():
+    """A call that starts in its caller's hands on the pool's habit hands its input back to
+    the feed (GIVE: the caller wakes it) when its caller waits for its own item past the
+    trial, or at a read past it (its clock is read at the 1st, 2nd, 4th... read); the
+    interval it inherited stands for the next hand-over."""
+    pool = FakePool()
+    pool.new_feed()
+    pool.scheduler._habit = 64  # (as a request/response call leaves it)
+    for jid, how in [(1, "wait"), (2, "read")]:
+        job = pool.open(jid, iter(range(100)))
+        assert job.direct and job.trial_until > 0
+        with job.lock:
+            assert job.wait_step(True, lambda: True) == READ
+        assert job.read_direct() is not None
+        assert not job.sent_direct()  # on trial, within it: the caller keeps its input
+        if how == "wait":
+            with job.lock:
+                assert job.wait_step(True, lambda: True) == WAIT  # its item on its way
+                job.trial_until = time.monotonic() - 1.0
+                assert job.wait_step(True, lambda: True) == GIVE
+        else:
+            job.consumed = 1  # its result taken
+            job.trial_until = time.monotonic() - 1.0
+            with job.lock:
+                assert job.wait_step(True, lambda: True) == READ
+            assert job.read_direct() is not None
+            assert job.sent_direct()  # handed back with this item
+        assert not job.direct and job.awaiting_feed and job.trial_until == 0.0
+        assert job.probe_at == 64
+        assert job.has_room()  # the feed reads it from now on
+        pool.scheduler.close_job(jid)
 
 
 def test_a_closed_job_the_feed_dropped_first_still_leaves_its_habit():

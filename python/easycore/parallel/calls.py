@@ -18,7 +18,7 @@ from typing import Any
 
 from easycore._engine.lifecycle import TICK
 from easycore.errors import PoolClosedError, PoolTimeoutError
-from easycore.parallel.job import ASK, READ, WAIT, _Job
+from easycore.parallel.job import ASK, GIVE, READ, WAIT, _Job
 from easycore.parallel.results import AsyncResult, _async_result
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import mark_abandoned
@@ -135,6 +135,8 @@ def result_chunks(
                     if step != WAIT:
                         break
                     wait = TICK
+                    if job.trial_until:  # (its end is looked at then: wait_step)
+                        wait = min(wait, max(job.trial_until - time.monotonic(), 0.001))
                     if deadline is not None:
                         wait = min(wait, deadline - time.monotonic())
                         if wait <= 0:
@@ -163,6 +165,9 @@ def result_chunks(
                 continue
             if step == ASK:
                 scheduler.want_input()
+                continue
+            if step == GIVE:
+                scheduler.notify()  # the feed reads the input from now on
                 continue
             if bar is not None:
                 bar.update(n)

@@ -16,6 +16,7 @@ from easycore._engine.probes import (
     DIRECT_AFTER,
     HABIT_AFTER,
     PROBE_FIRST,
+    PROBE_INHERITED_S,
     after_probe,
     habit_after,
 )
@@ -24,7 +25,9 @@ from easycore._engine.wire import describe_unpicklable
 from easycore.errors import SerializationError
 
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
-WAIT, READ, ASK = 0, 1, 2  # what a caller does when it finds no result (see wait_step)
+# What a caller does when it finds no result (see wait_step): wait; read its next item
+# itself; ask the feed for its input; give its input back to the feed (which it wakes).
+WAIT, READ, ASK, GIVE = 0, 1, 2, 3
 _FN_WIRE_MAX = 4096  # largest pickled function a worker keeps (see _Job.fn_wire)
 
 
@@ -206,6 +209,10 @@ class _Job:
         self.probe_pace = 0.0  # seconds per item of the last probe interval (0: none yet)
         self.probe_at = PROBE_FIRST
         self.handed_over = False  # the caller read the input itself (at least once)
+        # A call that started with its input in its caller's hands on its predecessor's word
+        # (start_as) is on trial until then (time.monotonic; 0: not on trial, or no longer):
+        # it is handed back to the feed at the first read or wait after it (probes.py).
+        self.trial_until = 0.0
         self.took_several = False  # the caller took several results at once (ran ahead)
         # The caller's last read ends a probe interval: the input goes back to the feed once
         # that item is sent or queued (read_direct, sent_direct).
@@ -275,6 +282,11 @@ class _Job:
             ):
                 self.caller_reads = True
                 return READ
+            if self.trial_until and time.monotonic() >= self.trial_until:
+                # On trial, its item outlasted the trial: the feed reads ahead from now on,
+                # as after a probe (an input that runs ahead, of costly items).
+                self._hand_back()
+                return GIVE
             return WAIT
         if (
             not allowed
@@ -299,14 +311,21 @@ class _Job:
         self.starved = 0
         self.took_several = True
 
-    def start_as(self, habit: int) -> None:
-        """A new call, on the pool's habit (:meth:`habit`; 0: none): a call that follows a
-        request/response one asks for its input after ``HABIT_AFTER`` waits with nothing on
-        its way (an input that runs ahead seldom waits so), and keeps it that many items
-        before its first probe (``_engine/probes.py``)."""
+    def start_as(self, habit: int, direct_ok: bool) -> None:
+        """A new call, before the feed saw it, on the pool's habit (:meth:`habit`; 0: none):
+        a call that follows a request/response one keeps its input that many items before
+        its first probe (``_engine/probes.py``). Where its caller may read it (``direct_ok``:
+        no ``timeout``, no ``maxtasksperchild``), it starts in its caller's hands, on trial
+        (:attr:`trial_until`); else the caller asks for it after ``HABIT_AFTER`` waits with
+        nothing on its way (an input that runs ahead seldom waits so)."""
         if habit and self.it is not None and self.chunksize is None:
             self.starved = DIRECT_AFTER - HABIT_AFTER
             self.probe_at = habit
+            if direct_ok:
+                now = time.monotonic()
+                self.want_direct = self.direct = self.handed_over = True
+                self.direct_since = now
+                self.trial_until = now + PROBE_INHERITED_S
 
     def habit(self, previous: int) -> int:
         """The pool's habit (see :meth:`start_as`) once this call ended: where its caller read
@@ -327,6 +346,7 @@ class _Job:
             if self.direct:
                 if self.drain and not self.caller_reads:
                     self.direct = self.want_direct = False
+                    self.trial_until = 0.0
             elif self.want_direct and not self.drain and not self.closed:
                 self.direct = self.handed_over = True
                 self.direct_reads = 0
@@ -356,8 +376,17 @@ class _Job:
         with self.lock:
             index = self.pulled
             self.pulled = index + 1
-            self.direct_reads += 1
-            if self.drain or self.direct_reads >= self.probe_at:
+            reads = self.direct_reads = self.direct_reads + 1
+            if (
+                self.drain
+                or reads >= self.probe_at
+                # On trial: its clock is read at the 1st, 2nd, 4th, 8th... read.
+                or (
+                    self.trial_until
+                    and not reads & (reads - 1)
+                    and time.monotonic() >= self.trial_until
+                )
+            ):
                 self.handing_back = True
         fn = self._fn_wire  # (fn_wire's common case inline: once a round trip)
         return self.jid, index, fn if fn is not None else self.fn_wire(), [x], self.mode
@@ -383,13 +412,23 @@ class _Job:
             back = self.handing_back
             if back:
                 self.handing_back = False
-                self.probe_at, self.probe_pace = after_probe(
-                    self.direct_reads, time.monotonic() - self.direct_since
-                )
-                self.starved = DIRECT_AFTER - 1
-                self.direct = self.want_direct = False
-                self.awaiting_feed = True
+                self._hand_back()
         return back
+
+    def _hand_back(self) -> None:
+        """Under cv: the caller hands its input back to the feed (a probe), which it does
+        not ask for again until the feed read an item of it; the next interval follows from
+        this one's pace (``_engine/probes.py``)."""
+        probe_at, self.probe_pace = after_probe(
+            self.direct_reads, time.monotonic() - self.direct_since
+        )
+        if self.trial_until:  # the inherited interval stands: the trial cut it short
+            self.trial_until = 0.0
+            probe_at = max(probe_at, self.probe_at)
+        self.probe_at = probe_at
+        self.starved = DIRECT_AFTER - 1
+        self.direct = self.want_direct = False
+        self.awaiting_feed = True
 
     def take_chunk(self, size: int) -> tuple[int, int, Any, Any, int] | None:
         """A sliced input (range, list, tuple): its next ``size`` items as a work item,

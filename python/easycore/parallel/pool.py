@@ -173,7 +173,7 @@ class Pool(_PoolBase):
             Iterator: the results, in input order.
         """
         return self._results(
-            self._open_job(func, iterable, _ONE, True, chunksize), timeout, progress
+            self._open_job(func, iterable, _ONE, True, chunksize, timeout), timeout, progress
         )
 
     def imap_unordered(
@@ -198,7 +198,7 @@ class Pool(_PoolBase):
             Iterator: the results, in completion order.
         """
         return self._results(
-            self._open_job(func, iterable, _ONE, False, chunksize), timeout, progress
+            self._open_job(func, iterable, _ONE, False, chunksize, timeout), timeout, progress
         )
 
     def istarmap(
@@ -225,7 +225,7 @@ class Pool(_PoolBase):
             Iterator: the results.
         """
         return self._results(
-            self._open_job(func, iterable, _STAR, ordered, chunksize), timeout, progress
+            self._open_job(func, iterable, _STAR, ordered, chunksize, timeout), timeout, progress
         )
 
     def _map_tasks(

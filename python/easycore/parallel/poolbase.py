@@ -357,6 +357,7 @@ class _PoolBase:
         mode: int,
         ordered: bool,
         chunksize: int | None,
+        timeout: float | None = None,
     ) -> _Job:
         self._check_open()
         if chunksize is not None and not (isinstance(chunksize, int) and chunksize >= 1):
@@ -367,7 +368,7 @@ class _PoolBase:
         def make(jid: int) -> _Job:
             return _Job(jid, f, iterable, mode, ordered, window, chunksize, room)
 
-        job = self._schedule.open_job(make)
+        job = self._schedule.open_job(make, deadline=timeout is not None)
         if job is None:
             raise self._closed_error()
         return job

@@ -155,13 +155,14 @@ class Scheduler:
             self._cv.notify_all()
         return True
 
-    def open_job(self, make: Callable[[int], _Job]) -> _Job | None:
-        """Opens the job ``make(job id)`` returns; None if the pool is closing."""
+    def open_job(self, make: Callable[[int], _Job], deadline: bool = False) -> _Job | None:
+        """Opens the job ``make(job id)`` returns; None if the pool is closing. With a
+        ``deadline`` (a call's ``timeout``) its caller never reads its input itself."""
         with self._cv:
             if self._closing:
                 return None
             job = make(next(self._ids))
-            job.start_as(self._habit)
+            job.start_as(self._habit, self._direct_ok and not deadline)
             self._jobs[job.jid] = job
             self._send_ready()
             self._cut()  # its turn comes at the next segment

@@ -30,6 +30,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 from easycore._engine.lifecycle import TICK
+from easycore._engine.probes import PROBE_INHERITED_S
 from easycore._engine.stream import WaitInterrupted
 from easycore.errors import RunnerClosedError
 from easycore.parallel.feed import _TASK, _TaskBlob, _WorkItem
@@ -212,7 +213,8 @@ class CallerTurns:
             # first look at the job is after the first receive.
             while True:
                 try:
-                    got = call.exchange(TICK, turn.chunks)
+                    # On trial, a wait past its span hands the input back (calls.py).
+                    got = call.exchange(PROBE_INHERITED_S if job.trial_until else TICK, turn.chunks)
                 except StopIteration:
                     left = Left(ended=True)
                     break
