@@ -44,16 +44,25 @@ class Collect(OrderedRunner):
         return cfg.out
 
 
-def feeding(got: Any) -> type[Collect]:
+def feeding(got: Any, pairs: bool = False) -> type[Collect]:
     """A :class:`Collect` whose ``consumer_work`` also puts each result into ``got`` (a
-    queue): a feedback input waits on it for its next item. Made at run time: for the fork
-    start method only."""
+    queue): a feedback input waits on it for its next item. With ``pairs``, its producers
+    take a tuple item as :class:`MarkThenWait` does. Made at run time: for the fork start
+    method only."""
 
     class Feedback(Collect):
         @staticmethod
         def consumer_work(cfg, data):
             cfg.out.append(data)
             got.put(data)
+
+        if pairs:
+
+            @staticmethod
+            def producer_work(device, cfg, data):
+                if isinstance(data, tuple):
+                    return MarkThenWait.producer_work(device, cfg, data)
+                return data
 
     return Feedback
 

@@ -224,6 +224,38 @@ def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner(m
     assert PROBE_FIRST <= probe_at <= PROBE_INHERITED_MAX
 
 
+def test_a_call_on_the_habit_starts_in_the_receiving_thread(tmp_path):
+    """The runner's habit: after a request/response call, the next call's receiving thread
+    reads its input from its first item (its input thread starts only if it hands the input
+    back); an input that then runs ahead with slow items is handed back while the receiving
+    thread waits on one (its trial), and its items run side by side (each waits for the
+    other: one at a time, the first would wait in vain)."""
+    got: queue.Queue[int] = queue.Queue()
+    names: list[str] = []
+
+    def gen(n: int) -> Iterator[int]:
+        for x in _feedback(n, got):
+            names.append(threading.current_thread().name)
+            yield x
+
+    def drain() -> None:
+        while not got.empty():
+            got.get()  # (the last result of a call: its input never asks for it)
+
+    with rd.feeding(got, pairs=True)(devices=2, start_method="fork") as r:
+        assert r(gen(N)) == list(range(N))
+        assert r.stats.direct_items > 0  # (the habit: the input was handed over)
+        assert names[0] == "easycore-input"
+        for _ in range(3):
+            drain()
+            names.clear()
+            assert r(gen(50)) == list(range(50))
+            assert names[0] == "easycore-consumer"
+        drain()
+        a, b = str(tmp_path / "a"), str(tmp_path / "b")
+        assert r(iter([(a, b), (b, a)])) == [True, True]
+
+
 def test_a_call_whose_input_ran_ahead_ends_the_habit():
     """How a call leaves the runner's habit (``InputSide.leave_habit``): its next interval
     where its receiving thread read the input, none where the input ran ahead, untouched

@@ -38,6 +38,7 @@ from easycore._engine.probes import (
     DIRECT_AFTER,
     HABIT_AFTER,
     PROBE_FIRST,
+    PROBE_INHERITED_S,
     after_probe,
     habit_after,
 )
@@ -125,11 +126,21 @@ class InputSide:
         self.handed_over = False  # the receiving thread read the input itself (once at least)
         self.took_several = False  # more than one item was in flight (the input ran ahead)
         self.learned = learned
+        # A call on the runner's habit starts with its input in the receiving thread's
+        # hands, on trial until then (time.monotonic; 0: not on trial, or no longer): the
+        # input is handed back at the first read or vain wait after it (probes.py). Its
+        # input thread starts only then (``deferred``: its body and the call's threads).
+        self.trial_until = 0.0
+        self.deferred: tuple[Callable[[InputSide], None], list[threading.Thread]] | None = None
         if self.adaptive and learned.probe_habit:
-            # The runner's last call was request/response (probes.py): ask after HABIT_AFTER
-            # waits with nothing in flight (an input that runs ahead seldom waits so).
+            # The runner's last call was request/response (probes.py): its interval, and the
+            # input read by the receiving thread from the start.
             self.starved = DIRECT_AFTER - HABIT_AFTER
             self.probe_at = learned.probe_habit
+            now = time.monotonic()
+            self.direct = self.want_direct = self.handed_over = True
+            self.direct_since = now
+            self.trial_until = now + PROBE_INHERITED_S
         # Handed back (a probe) and the input thread has not read an item since: the
         # receiving thread does not ask for the input again until it did (on a loaded
         # machine it would ask before the input thread ran, and an input that turned fast
@@ -192,8 +203,12 @@ class InputSide:
     ) -> None:
         """Starts the input thread, ``body(self)`` (``reader.read_runs``), where the input
         is an iterator read ahead, adding it to the call's ``threads`` first (a call its
-        input makes on the runner is then seen as one from inside the call)."""
+        input makes on the runner is then seen as one from inside the call); on the
+        runner's habit, once the receiving thread hands the input back (:meth:`hand_back`)."""
         if self.it is None or not self.read_ahead:
+            return
+        if self.direct:
+            self.deferred = (body, threads)
             return
         reader = threading.Thread(target=body, args=(self,), name="easycore-input", daemon=True)
         self.reader = reader
@@ -326,22 +341,53 @@ class InputSide:
                 self.buf.append(item)
                 sent = self.send_available()
         if self.direct:
-            self.direct_reads += 1
-            if self.direct_reads >= self.probe_at:
+            reads = self.direct_reads = self.direct_reads + 1
+            if reads >= self.probe_at or (
+                # On trial: its clock is read at the 1st, 2nd, 4th, 8th... read.
+                self.trial_until
+                and not reads & (reads - 1)
+                and time.monotonic() >= self.trial_until
+            ):
                 # Try reading ahead again, while this item is in flight (sent first: what
                 # the input thread reads next goes behind it): an input that now runs ahead
                 # gets its batches back; a request/response one is handed back after its
                 # next item, and tried again later (probes.py).
-                self.probe_at, self.probe_pace = after_probe(
-                    self.direct_reads, time.monotonic() - self.direct_since
-                )
-                self.starved = DIRECT_AFTER - 1  # still request/response: ask at once
-                with self.cond:
-                    self.awaiting_reader = True
-                    self.want_direct = False
-                    self.direct = False
-                    self.cond.notify_all()
+                self.hand_back()
         return sent
+
+    def hand_back(self) -> None:
+        """The receiving thread hands the input back to the input thread (a probe, or the
+        end of a trial), started now if the call began on the runner's habit; it asks for
+        the input again once that thread read an item of it. The next interval follows from
+        this one's pace; a trial cut short leaves the inherited one."""
+        probe_at, self.probe_pace = after_probe(
+            self.direct_reads, time.monotonic() - self.direct_since
+        )
+        if self.trial_until:
+            self.trial_until = 0.0
+            probe_at = max(probe_at, self.probe_at)
+        self.probe_at = probe_at
+        self.starved = DIRECT_AFTER - 1  # still request/response: ask at once
+        with self.cond:
+            self.awaiting_reader = True
+            self.want_direct = False
+            self.direct = False
+            self.cond.notify_all()
+        deferred, self.deferred = self.deferred, None
+        if deferred is not None:
+            self.start_reader(*deferred)
+
+    def waited_on_trial(self) -> None:
+        """The receiving thread waited in vain for a result with an item it read itself in
+        flight: past the trial, it hands the input back at once (an input that runs ahead,
+        of costly items, is read ahead again)."""
+        if (
+            self.direct
+            and self.trial_until
+            and self.delivered < self.dispatched
+            and time.monotonic() >= self.trial_until
+        ):
+            self.hand_back()
 
     def reader_read(self) -> None:
         """The input thread read an item of the input handed back to it: the receiving

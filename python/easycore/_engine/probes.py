@@ -18,22 +18,27 @@ An input that slows down within an interval is probed once that interval's items
 (at its new pace); the interval then shrinks to the span at once.
 
 A call that follows a request/response call of the same runner or pool (its habit:
-``input_side.py``, ``parallel/job.py``) asks for its input after :data:`HABIT_AFTER` such
-waits, and starts with its predecessor's interval (:func:`habit_after`): a loop
-that makes many short calls pays the start and the first probes once, not at every call.
+``input_side.py``, ``parallel/job.py``) starts with its predecessor's interval
+(:func:`habit_after`) and with its input in the receiving thread's hands (below; a pool's
+call with a ``timeout``, whose caller never reads its input, asks for it after
+:data:`HABIT_AFTER` such waits): a loop that makes many short calls pays the start and the
+first probes once, not at every call.
 The interval it inherits is at most about :data:`PROBE_INHERITED_S` of its predecessor's
 pace (at least :data:`PROBE_INHERITED_MAX` items): an input that runs ahead from such a
 call's start is read ahead again within about that long, and a fast loop of calls of a
 few thousand items probes once a call, not three times (a probe took 0.2–0.3 ms on one
 shared core: 1.5 % of a 3,000-item call of 19 µs round trips).
 
-The pool goes further: such a call starts with its input in its caller's hands (it reads
-its first item itself, before any of it passed through the pool's threads: 0.1–0.35 ms a
-call on one shared core), on its predecessor's word alone. Until it has evidence of its own
-it is on trial: its first probe comes after its inherited interval or
-:data:`PROBE_INHERITED_S`, whichever is first, and while the caller waits longer than that
-for an item of its own it hands the input back at once; an input that runs ahead from such
-a call's start, with items of any cost, is read ahead again within about that long.
+Such a call's receiving thread (the pool's caller) has its input from the start, on its
+predecessor's word alone: it reads the first item itself, before any of it passed through
+an input thread (the runner starts its input thread only when it hands the input back;
+the pool's first item went through its feed and service threads: 0.1–0.35 ms a call on
+one shared core). Until it has evidence of its own it is on trial: its first probe comes
+after its inherited interval or about :data:`PROBE_INHERITED_S`, whichever is first (the
+clock is read at the 1st, 2nd, 4th, 8th... item), and while the receiving thread waits
+that long for the result of an item it read it hands the input back at once; an input
+that runs ahead from such a call's start, with items of any cost, is read ahead again
+within about that long.
 """
 
 from __future__ import annotations

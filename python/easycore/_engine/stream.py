@@ -45,6 +45,7 @@ from easycore._engine.host import Learned, StreamHost, StreamSettings, progress_
 from easycore._engine.input_side import InputSide
 from easycore._engine.insights import merge_slow, started
 from easycore._engine.lifecycle import TICK
+from easycore._engine.probes import PROBE_INHERITED_S
 from easycore._engine.reports import call_hook, hook_error, safe_str, worker_error
 from easycore._engine.runs import Flag, RunSource
 from easycore._engine.stats import RunnerStats
@@ -280,7 +281,7 @@ class Call:
             if not (direct and results_waiting()) and not inp.receiver_sleeps():
                 continue
             idle = inp.delivered >= inp.dispatched
-            wait = TICK
+            wait = PROBE_INHERITED_S if inp.trial_until else TICK  # (see waited_on_trial)
             if self.timeout is not None and not idle:
                 wait = max(0.0, min(wait, inp.last_progress + self.timeout - time.monotonic()))
             t = time.perf_counter()
@@ -295,6 +296,8 @@ class Call:
             if idle:
                 self.stats.input_wait_s += time.perf_counter() - t
             if msgs is None:
+                if inp.trial_until:
+                    inp.waited_on_trial()
                 self._check_health()
                 if (
                     self.timeout is not None
