@@ -404,6 +404,23 @@ def test_a_call_that_follows_a_feedback_call_starts_in_its_callers_hands(tmp_pat
         assert both == [True, True]
 
 
+def test_close_reads_a_call_that_started_in_its_callers_hands_and_was_never_iterated():
+    """A call that starts in its caller's hands (the pool's habit) and whose results are not
+    asked for yet: close() + join() take its input back and read it to its end, as for any
+    call (the stdlib's pools finish every task given)."""
+    got: queue.Queue[int] = queue.Queue()
+    p = Pool(2)
+    try:
+        _loop(p.imap_unordered(pd.square, _feedback(N, got)), got, [])
+        assert p.stats.direct_items > N // 4  # (the habit: the next call starts direct)
+        it = p.imap(pd.square, iter(range(50)))
+        p.close()
+        p.join(60)
+        assert list(it) == [x * x for x in range(50)]
+    finally:
+        p.terminate()
+
+
 def test_maxtasksperchild_keeps_to_the_feed():
     got: queue.Queue[int] = queue.Queue()
     with Pool(2, maxtasksperchild=50) as p:
