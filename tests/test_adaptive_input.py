@@ -183,26 +183,21 @@ def test_each_probe_comes_after_the_interval_the_schedule_gives(probes_asked, fo
         assert r.stats.direct_items >= PROBE_FIRST * len(asked)
 
 
-def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner(monkeypatch):
+def test_a_call_that_follows_a_request_response_call_starts_with_its_input(monkeypatch):
     """The runner's habit: a call that follows one whose receiving thread read its input
-    asks for its own after HABIT_AFTER waits with nothing in flight, with its
-    predecessor's probe interval (at most PROBE_INHERITED_MAX, the time bound aside); a list
-    call leaves the habit as it is."""
+    starts with its own in the receiving thread's hands, with its predecessor's probe
+    interval (at most PROBE_INHERITED_MAX, the time bound aside); a list call leaves the
+    habit as it is."""
     import easycore._engine.input_side as input_side
     import easycore._engine.probes as probes
-    from easycore._engine.probes import (
-        DIRECT_AFTER,
-        HABIT_AFTER,
-        PROBE_FIRST,
-        PROBE_INHERITED_MAX,
-    )
+    from easycore._engine.probes import PROBE_FIRST, PROBE_INHERITED_MAX
 
-    starts: list[tuple[bool, int, int]] = []  # (adaptive, starved, probe_at) of each call
+    starts: list[tuple[bool, bool, int]] = []  # (adaptive, direct, probe_at) of each call
     init = input_side.InputSide.__init__
 
     def recording(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        starts.append((self.adaptive, self.starved, self.probe_at))
+        starts.append((self.adaptive, self.direct, self.probe_at))
 
     monkeypatch.setattr(input_side.InputSide, "__init__", recording)
     monkeypatch.setattr(probes, "PROBE_INHERITED_S", 0.0)  # (its count bound alone)
@@ -217,10 +212,10 @@ def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner(m
         while not got.empty():
             got.get()  # (that call's results: not feedback)
         assert r(_feedback(N, got)) == list(range(N))
-    assert starts[0] == (True, 0, PROBE_FIRST)
+    assert starts[0] == (True, False, PROBE_FIRST)
     assert starts[1][0] is False  # a list: not read adaptively
-    adaptive, starved, probe_at = starts[2]
-    assert adaptive and starved == DIRECT_AFTER - HABIT_AFTER
+    adaptive, direct, probe_at = starts[2]
+    assert adaptive and direct
     assert PROBE_FIRST <= probe_at <= PROBE_INHERITED_MAX
 
 
@@ -297,13 +292,13 @@ def test_a_call_whose_input_ran_ahead_ends_the_habit():
 
 def test_no_wait_counts_before_a_result_came():
     """At a call's start (nothing delivered yet) the receiving thread's waits do not count
-    towards asking for the input, even on the habit of a request/response call: the input
+    towards asking for the input, even one wait from asking (as after a probe): the input
     may not have been read at all, and a fast one would be taken over. The first wait with
     nothing in flight after a result does."""
     from types import SimpleNamespace
 
     from easycore._engine.input_side import InputSide
-    from easycore._engine.probes import DIRECT_AFTER, HABIT_AFTER
+    from easycore._engine.probes import DIRECT_AFTER
 
     side = SimpleNamespace(
         dispatched=0,
@@ -313,14 +308,14 @@ def test_no_wait_counts_before_a_result_came():
         pending=None,
         urgent=False,
         unsent=lambda: 0,
-        starved=DIRECT_AFTER - HABIT_AFTER,
+        starved=DIRECT_AFTER - 1,
         took_several=False,
         want_direct=False,
         cut_bulk=lambda: None,
     )
     for _ in range(9):
         InputSide.note_starved(side)  # type: ignore[arg-type]
-    assert side.starved == DIRECT_AFTER - HABIT_AFTER and not side.want_direct
+    assert side.starved == DIRECT_AFTER - 1 and not side.want_direct
     side.dispatched = side.delivered = 1
     InputSide.note_starved(side)  # type: ignore[arg-type]
     assert side.want_direct

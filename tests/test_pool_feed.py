@@ -395,15 +395,14 @@ def test_a_caller_asks_for_its_input_again_only_after_the_feed_began_to_read_it(
     assert list(it) == []
 
 
-def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner():
-    """The pool's habit: a call that follows one whose caller read its input asks for its
-    own input after HABIT_AFTER waits with nothing on its way (once it took a result), and
-    starts with its predecessor's probe interval (at most PROBE_INHERITED_MAX items, or
-    PROBE_INHERITED_S of a fast loop's pace); a list or a chunked call leaves the habit as it
-    is; a call whose input ran ahead ends it."""
+def test_a_call_that_follows_a_request_response_call_starts_with_its_input():
+    """The pool's habit: a call that follows one whose caller read its input starts with
+    its own in its caller's hands, with its predecessor's probe interval (at most
+    PROBE_INHERITED_MAX items, or PROBE_INHERITED_S of a fast loop's pace); one with a
+    deadline starts as any call; a list or a chunked call leaves the habit as it is; a call
+    whose input ran ahead ends it."""
     from easycore._engine.probes import (
         DIRECT_AFTER,
-        HABIT_AFTER,
         PROBE_FIRST,
         PROBE_INHERITED_MAX,
         PROBE_INHERITED_S,
@@ -435,10 +434,9 @@ def test_a_call_that_follows_a_request_response_call_asks_for_its_input_sooner()
         assert job.wait_step(True, lambda: True) == READ
     job.caller_reads = False
     pool.scheduler.close_job(4)
-    # With a deadline (a call's timeout) it is the feed's, and asked for sooner.
+    # With a deadline (a call's timeout) it is the feed's (its caller never asks for it).
     job = pool.open(41, iter(range(100)), deadline=True)
-    assert not job.direct and job.probe_at == PROBE_INHERITED_MAX
-    assert first_waits(job)[:HABIT_AFTER] == [WAIT] * (HABIT_AFTER - 1) + [ASK]
+    assert not job.direct and job.probe_at == PROBE_FIRST and not job.trial_until
     job.ran_ahead()  # several results at once: this input runs ahead
     pool.scheduler.close_job(41)
     job = pool.open(5, iter(range(100)))

@@ -36,7 +36,6 @@ from easycore._engine.host import Learned, StreamSettings
 from easycore._engine.lifecycle import TICK
 from easycore._engine.probes import (
     DIRECT_AFTER,
-    HABIT_AFTER,
     PROBE_FIRST,
     PROBE_INHERITED_S,
     after_probe,
@@ -135,7 +134,6 @@ class InputSide:
         if self.adaptive and learned.probe_habit:
             # The runner's last call was request/response (probes.py): its interval, and the
             # input read by the receiving thread from the start.
-            self.starved = DIRECT_AFTER - HABIT_AFTER
             self.probe_at = learned.probe_habit
             now = time.monotonic()
             self.direct = self.want_direct = self.handed_over = True

@@ -19,10 +19,9 @@ An input that slows down within an interval is probed once that interval's items
 
 A call that follows a request/response call of the same runner or pool (its habit:
 ``input_side.py``, ``parallel/job.py``) starts with its predecessor's interval
-(:func:`habit_after`) and with its input in the receiving thread's hands (below; a pool's
-call with a ``timeout``, whose caller never reads its input, asks for it after
-:data:`HABIT_AFTER` such waits): a loop that makes many short calls pays the start and the
-first probes once, not at every call.
+(:func:`habit_after`) and with its input in the receiving thread's hands (below; not a
+pool's call with a ``timeout``, whose caller never reads its input): a loop that makes many
+short calls pays the start and the first probes once, not at every call.
 The interval it inherits is at most about :data:`PROBE_INHERITED_S` of its predecessor's
 pace (at least :data:`PROBE_INHERITED_MAX` items): an input that runs ahead from such a
 call's start is read ahead again within about that long, and a fast loop of calls of a
@@ -46,7 +45,6 @@ from __future__ import annotations
 #: Waits in a row with nothing on its way, once a result came (before, the input may not
 #: have been read at all: a fast one would be taken over), before the caller asks.
 DIRECT_AFTER = 4
-HABIT_AFTER = 1  #: the same, for a call that follows a request/response call
 PROBE_FIRST = 16  #: items the caller reads before the first probe, and at least between two
 PROBE_SPAN_S = 0.1  #: the time a probe interval aims at (seconds of the loop's own pace)
 #: The longest interval a call inherits: an input that runs ahead from the start of a call

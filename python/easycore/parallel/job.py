@@ -14,7 +14,6 @@ from typing import Any, cast
 
 from easycore._engine.probes import (
     DIRECT_AFTER,
-    HABIT_AFTER,
     PROBE_FIRST,
     PROBE_INHERITED_S,
     after_probe,
@@ -313,19 +312,16 @@ class _Job:
 
     def start_as(self, habit: int, direct_ok: bool) -> None:
         """A new call, before the feed saw it, on the pool's habit (:meth:`habit`; 0: none):
-        a call that follows a request/response one keeps its input that many items before
-        its first probe (``_engine/probes.py``). Where its caller may read it (``direct_ok``:
-        no ``timeout``, no ``maxtasksperchild``), it starts in its caller's hands, on trial
-        (:attr:`trial_until`); else the caller asks for it after ``HABIT_AFTER`` waits with
-        nothing on its way (an input that runs ahead seldom waits so)."""
-        if habit and self.it is not None and self.chunksize is None:
-            self.starved = DIRECT_AFTER - HABIT_AFTER
+        a call over an iterator that follows a request/response one starts in its caller's
+        hands, on trial (:attr:`trial_until`), and keeps its input that many items before
+        its first probe (``_engine/probes.py``), where its caller may read it
+        (``direct_ok``: no ``timeout``, no ``maxtasksperchild``)."""
+        if habit and direct_ok and self.it is not None and self.chunksize is None:
+            now = time.monotonic()
             self.probe_at = habit
-            if direct_ok:
-                now = time.monotonic()
-                self.want_direct = self.direct = self.handed_over = True
-                self.direct_since = now
-                self.trial_until = now + PROBE_INHERITED_S
+            self.want_direct = self.direct = self.handed_over = True
+            self.direct_since = now
+            self.trial_until = now + PROBE_INHERITED_S
 
     def habit(self, previous: int) -> int:
         """The pool's habit (see :meth:`start_as`) once this call ended: where its caller read
