@@ -421,6 +421,30 @@ def test_close_reads_a_call_that_started_in_its_callers_hands_and_was_never_iter
         p.terminate()
 
 
+def test_a_call_that_started_in_its_callers_hands_is_read_ahead_if_its_caller_waits_not():
+    """A call that starts in its caller's hands (the pool's habit) whose caller does not
+    ask for a result within its trial: the feed takes the input and reads it ahead, as the
+    stdlib's pools start every input at once."""
+    got: queue.Queue[int] = queue.Queue()
+    names: list[str] = []
+
+    def gen() -> Iterator[int]:
+        for i in range(50):
+            names.append(threading.current_thread().name)
+            yield i
+
+    with Pool(2) as p:
+        _loop(p.imap_unordered(pd.square, _feedback(N, got)), got, [])
+        assert p.stats.direct_items > N // 4  # (the habit: the next call starts direct)
+        it = p.imap(pd.square, gen())
+        deadline = time.monotonic() + 60
+        while len(names) < 50 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(names) == 50
+        assert threading.current_thread().name not in names
+        assert list(it) == [x * x for x in range(50)]
+
+
 def test_maxtasksperchild_keeps_to_the_feed():
     got: queue.Queue[int] = queue.Queue()
     with Pool(2, maxtasksperchild=50) as p:

@@ -335,14 +335,20 @@ class _Job:
 
     def input_turn(self) -> None:
         """The feed, not reading this input (between segments, under the scheduler's lock):
-        hands it over to the caller that asked for it, or takes it back while the pool is
-        closing (``drain``: the input is read to its end whatever the caller does) unless
-        the caller is inside ``next()``."""
+        hands it over to the caller that asked for it, or takes it back unless the caller is
+        inside ``next()``: while the pool is closing (``drain``: the input is read to its end
+        whatever the caller does), and from a call on trial past its trial (its caller has
+        not asked for a result since, or never: the feed reads ahead, as the stdlib's pools
+        read every input at once)."""
         with self.lock:
             if self.direct:
-                if self.drain and not self.caller_reads:
+                if self.caller_reads:
+                    pass
+                elif self.drain:
                     self.direct = self.want_direct = False
                     self.trial_until = 0.0
+                elif self.trial_until and time.monotonic() >= self.trial_until:
+                    self._hand_back()
             elif self.want_direct and not self.drain and not self.closed:
                 self.direct = self.handed_over = True
                 self.direct_reads = 0
