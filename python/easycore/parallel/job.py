@@ -269,9 +269,10 @@ class _Job:
         reads the next item itself now (its input was handed over and nothing of it is on
         its way); :data:`ASK`: it asks the feed for the input (it waited
         ``DIRECT_AFTER`` times in a row with nothing on its way in the stream,
-        ``drained()``, once it took a result: a request/response input); :data:`WAIT`: it
-        waits. ``allowed``: the call and the pool allow it (no ``timeout``, no
-        ``maxtasksperchild``)."""
+        ``drained()``, once it took a result: a request/response input); :data:`GIVE`: on
+        trial past its end, with an item it read on its way, it handed the input back (and
+        wakes the feed); :data:`WAIT`: it waits. ``allowed``: the call and the pool allow it
+        (no ``timeout``, no ``maxtasksperchild``)."""
         if self.direct:
             if (
                 self.consumed >= self.pulled
