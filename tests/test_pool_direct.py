@@ -445,6 +445,31 @@ def test_a_call_that_started_in_its_callers_hands_is_read_ahead_if_its_caller_wa
         assert list(it) == [x * x for x in range(50)]
 
 
+def test_a_call_on_the_habit_whose_input_runs_ahead_ends_the_habit():
+    """A call that starts in its caller's hands (the pool's habit) and whose input then runs
+    ahead leaves no habit: the next call's input is read by the feed from its start (each
+    call after it paid a trial, read one item at a time by its caller)."""
+    got: queue.Queue[int] = queue.Queue()
+    names: list[str] = []
+    me = threading.current_thread().name
+
+    def gen() -> Iterator[int]:
+        for i in range(50):
+            names.append(threading.current_thread().name)
+            yield i
+
+    with Pool(2) as p:
+        _loop(p.imap_unordered(pd.square, _feedback(N, got)), got, [])
+        assert p.stats.direct_items > N // 4  # (the habit: the next call starts direct)
+        before = p.stats.direct_items
+        assert sorted(p.imap_unordered(pd.square, iter(range(3000)))) == [
+            x * x for x in range(3000)
+        ]
+        assert p.stats.direct_items > before  # it started in its caller's hands
+        assert sorted(p.imap_unordered(pd.square, gen())) == [x * x for x in range(50)]
+        assert names[0] != me
+
+
 def test_maxtasksperchild_keeps_to_the_feed():
     got: queue.Queue[int] = queue.Queue()
     with Pool(2, maxtasksperchild=50) as p:

@@ -75,15 +75,21 @@ def after_probe(items: int, seconds: float) -> tuple[int, float]:
 def habit_after(
     previous: int, handed_over: bool, took_several: bool, probe_at: int, pace: float = 0.0
 ) -> int:
-    """A runner's or pool's habit once a call read adaptively ended (0: none): where its
-    caller read the input itself (``handed_over``), the first probe interval of the next
-    call (its own next interval, at most :data:`PROBE_INHERITED_S` of its ``pace``, the
-    seconds per item of its last probe interval (0: not known), and at most
-    :data:`PROBE_INHERITED_MAX` items where that is less); where the input ran ahead
-    (``took_several``), none; else (a call too short to tell) ``previous``."""
+    """A runner's or pool's habit once a call read adaptively ended (0: none): where the
+    input ran ahead (``took_several``, also after its caller read some of it), none: the
+    next call starts as the first one did; else, where its caller read the input itself
+    (``handed_over``), the first probe interval of the next call (its own next interval, at
+    most :data:`PROBE_INHERITED_S` of its ``pace``, the seconds per item of its last probe
+    interval (0: not known), and at most :data:`PROBE_INHERITED_MAX` items where that is
+    less); else (a call too short to tell) ``previous``. (A request/response input never
+    has more than one item on its way: a call on the habit whose input runs ahead, which
+    its caller read from the start on trial, leaves none, so the calls after it do not
+    each pay a trial.)"""
+    if took_several:
+        return 0
     if handed_over:
         most = PROBE_INHERITED_MAX
         if pace > 0 and PROBE_INHERITED_S > most * pace:
             most = int(PROBE_INHERITED_S / pace)
         return max(PROBE_FIRST, min(probe_at, most))
-    return 0 if took_several else previous
+    return previous
