@@ -47,6 +47,21 @@ def _loop(it: Iterator[int], got: queue.Queue[int], out: list[int], stop: int = 
         got.put(y)
 
 
+def _recorded(n: int, names: list[str]) -> Iterator[int]:
+    """``range(n)``, recording the name of the thread that reads each item."""
+    for i in range(n):
+        names.append(threading.current_thread().name)
+        yield i
+
+
+def _take_the_habit(p: Pool) -> None:
+    """A request/response call that its caller read: the pool's next call over an iterator
+    starts in its caller's hands."""
+    got: queue.Queue[int] = queue.Queue()
+    _loop(p.imap_unordered(pd.square, _feedback(N, got)), got, [])
+    assert p.stats.direct_items > N // 4  # (the input was handed over)
+
+
 @pytest.mark.parametrize("ordered", [False, True])
 def test_a_feedback_loop_is_read_sent_and_received_by_its_caller(ordered):
     got: queue.Queue[int] = queue.Queue()
@@ -408,11 +423,9 @@ def test_close_reads_a_call_that_started_in_its_callers_hands_and_was_never_iter
     """A call that starts in its caller's hands (the pool's habit) and whose results are not
     asked for yet: close() + join() take its input back and read it to its end, as for any
     call (the stdlib's pools finish every task given)."""
-    got: queue.Queue[int] = queue.Queue()
     p = Pool(2)
     try:
-        _loop(p.imap_unordered(pd.square, _feedback(N, got)), got, [])
-        assert p.stats.direct_items > N // 4  # (the habit: the next call starts direct)
+        _take_the_habit(p)
         it = p.imap(pd.square, iter(range(50)))
         p.close()
         p.join(60)
@@ -425,18 +438,10 @@ def test_a_call_that_started_in_its_callers_hands_is_read_ahead_if_its_caller_wa
     """A call that starts in its caller's hands (the pool's habit) whose caller does not
     ask for a result within its trial: the feed takes the input and reads it ahead, as the
     stdlib's pools start every input at once."""
-    got: queue.Queue[int] = queue.Queue()
     names: list[str] = []
-
-    def gen() -> Iterator[int]:
-        for i in range(50):
-            names.append(threading.current_thread().name)
-            yield i
-
     with Pool(2) as p:
-        _loop(p.imap_unordered(pd.square, _feedback(N, got)), got, [])
-        assert p.stats.direct_items > N // 4  # (the habit: the next call starts direct)
-        it = p.imap(pd.square, gen())
+        _take_the_habit(p)
+        it = p.imap(pd.square, _recorded(50, names))
         deadline = time.monotonic() + 60
         while len(names) < 50 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -449,25 +454,18 @@ def test_a_call_on_the_habit_whose_input_runs_ahead_ends_the_habit():
     """A call that starts in its caller's hands (the pool's habit) and whose input then runs
     ahead leaves no habit: the next call's input is read by the feed from its start (each
     call after it paid a trial, read one item at a time by its caller)."""
-    got: queue.Queue[int] = queue.Queue()
     names: list[str] = []
-    me = threading.current_thread().name
-
-    def gen() -> Iterator[int]:
-        for i in range(50):
-            names.append(threading.current_thread().name)
-            yield i
-
     with Pool(2) as p:
-        _loop(p.imap_unordered(pd.square, _feedback(N, got)), got, [])
-        assert p.stats.direct_items > N // 4  # (the habit: the next call starts direct)
+        _take_the_habit(p)
         before = p.stats.direct_items
         assert sorted(p.imap_unordered(pd.square, iter(range(3000)))) == [
             x * x for x in range(3000)
         ]
         assert p.stats.direct_items > before  # it started in its caller's hands
-        assert sorted(p.imap_unordered(pd.square, gen())) == [x * x for x in range(50)]
-        assert names[0] != me
+        assert sorted(p.imap_unordered(pd.square, _recorded(50, names))) == [
+            x * x for x in range(50)
+        ]
+        assert names[0] != threading.current_thread().name
 
 
 def test_maxtasksperchild_keeps_to_the_feed():
