@@ -177,9 +177,9 @@ def probes_asked(monkeypatch):
 
     asked: list[tuple[int, float]] = []
 
-    def schedule(items: int, seconds: float) -> tuple[int, float]:
+    def schedule(items: int, seconds: float, keep: int = 0) -> tuple[int, float]:
         asked.append((items, seconds))
-        return PROBE_FIRST, seconds / max(1, items)
+        return max(keep, PROBE_FIRST), seconds / max(1, items)
 
     for module in (input_side, job):
         monkeypatch.setattr(module, "after_probe", schedule)

@@ -40,6 +40,7 @@ from easycore._engine.probes import (
     PROBE_INHERITED_S,
     after_probe,
     habit_after,
+    trial_over,
 )
 from easycore._engine.runs import FLAG_ON, Flag, IteratorRuns, RunSource
 from easycore._engine.stats import RunnerStats
@@ -340,12 +341,7 @@ class InputSide:
                 sent = self.send_available()
         if self.direct:
             reads = self.direct_reads = self.direct_reads + 1
-            if reads >= self.probe_at or (
-                # On trial: its clock is read at the 1st, 2nd, 4th, 8th... read.
-                self.trial_until
-                and not reads & (reads - 1)
-                and time.monotonic() >= self.trial_until
-            ):
+            if reads >= self.probe_at or (self.trial_until and trial_over(reads, self.trial_until)):
                 # Try reading ahead again, while this item is in flight (sent first: what
                 # the input thread reads next goes behind it): an input that now runs ahead
                 # gets its batches back; a request/response one is handed back after its
@@ -358,13 +354,12 @@ class InputSide:
         end of a trial), started now if the call began on the runner's habit; it asks for
         the input again once that thread read an item of it. The next interval follows from
         this one's pace; a trial cut short leaves the inherited one."""
-        probe_at, self.probe_pace = after_probe(
-            self.direct_reads, time.monotonic() - self.direct_since
+        self.probe_at, self.probe_pace = after_probe(
+            self.direct_reads,
+            time.monotonic() - self.direct_since,
+            self.probe_at if self.trial_until else 0,
         )
-        if self.trial_until:
-            self.trial_until = 0.0
-            probe_at = max(probe_at, self.probe_at)
-        self.probe_at = probe_at
+        self.trial_until = 0.0
         self.starved = DIRECT_AFTER - 1  # still request/response: ask at once
         with self.cond:
             self.awaiting_reader = True

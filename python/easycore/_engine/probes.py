@@ -42,6 +42,8 @@ within about that long.
 
 from __future__ import annotations
 
+import time
+
 #: Waits in a row with nothing on its way, once a result came (before, the input may not
 #: have been read at all: a fast one would be taken over), before the caller asks.
 DIRECT_AFTER = 4
@@ -65,11 +67,18 @@ def next_probe_at(items: int, seconds: float) -> int:
     return max(PROBE_FIRST, min(2 * items, int(items * PROBE_SPAN_S / seconds)))
 
 
-def after_probe(items: int, seconds: float) -> tuple[int, float]:
+def after_probe(items: int, seconds: float, keep: int = 0) -> tuple[int, float]:
     """A probe ended an interval of ``items`` items read directly in ``seconds``: the next
-    interval (:func:`next_probe_at`) and the loop's pace, seconds per item (what
-    :func:`habit_after` bounds an inherited interval by)."""
-    return next_probe_at(items, seconds), seconds / max(1, items)
+    interval (:func:`next_probe_at`, at least ``keep``: an inherited interval that a trial
+    cut short stands) and the loop's pace, seconds per item (what :func:`habit_after`
+    bounds an inherited interval by)."""
+    return max(keep, next_probe_at(items, seconds)), seconds / max(1, items)
+
+
+def trial_over(reads: int, until: float) -> bool:
+    """Whether a call on trial until ``until`` (``time.monotonic``) is past it at its
+    ``reads``-th direct read: the clock is read at the 1st, 2nd, 4th, 8th... read only."""
+    return not reads & (reads - 1) and time.monotonic() >= until
 
 
 def habit_after(

@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from easycore._engine.lifecycle import TICK
+from easycore._engine.probes import PROBE_INHERITED_S
 from easycore.errors import PoolClosedError, PoolTimeoutError
 from easycore.parallel.job import ASK, GIVE, READ, WAIT, _Job
 from easycore.parallel.results import AsyncResult, _async_result
@@ -134,9 +135,8 @@ def result_chunks(
                     step = job.wait_step(allowed, drained)
                     if step != WAIT:
                         break
-                    wait = TICK
-                    if job.trial_until:  # (its end is looked at then: wait_step)
-                        wait = min(wait, max(job.trial_until - time.monotonic(), 0.001))
+                    # On trial, its end is looked at after a wait of its span (wait_step).
+                    wait = PROBE_INHERITED_S if job.trial_until else TICK
                     if deadline is not None:
                         wait = min(wait, deadline - time.monotonic())
                         if wait <= 0:

@@ -18,6 +18,7 @@ from easycore._engine.probes import (
     PROBE_INHERITED_S,
     after_probe,
     habit_after,
+    trial_over,
 )
 from easycore._engine.reports import _loads_or_none, worker_error
 from easycore._engine.wire import describe_unpicklable
@@ -383,12 +384,7 @@ class _Job:
             if (
                 self.drain
                 or reads >= self.probe_at
-                # On trial: its clock is read at the 1st, 2nd, 4th, 8th... read.
-                or (
-                    self.trial_until
-                    and not reads & (reads - 1)
-                    and time.monotonic() >= self.trial_until
-                )
+                or (self.trial_until and trial_over(reads, self.trial_until))
             ):
                 self.handing_back = True
         fn = self._fn_wire  # (fn_wire's common case inline: once a round trip)
@@ -422,13 +418,12 @@ class _Job:
         """Under cv: the caller hands its input back to the feed (a probe), which it does
         not ask for again until the feed read an item of it; the next interval follows from
         this one's pace (``_engine/probes.py``)."""
-        probe_at, self.probe_pace = after_probe(
-            self.direct_reads, time.monotonic() - self.direct_since
+        self.probe_at, self.probe_pace = after_probe(
+            self.direct_reads,
+            time.monotonic() - self.direct_since,
+            self.probe_at if self.trial_until else 0,  # (a trial cut the inherited one short)
         )
-        if self.trial_until:  # the inherited interval stands: the trial cut it short
-            self.trial_until = 0.0
-            probe_at = max(probe_at, self.probe_at)
-        self.probe_at = probe_at
+        self.trial_until = 0.0
         self.starved = DIRECT_AFTER - 1
         self.direct = self.want_direct = False
         self.awaiting_feed = True
