@@ -22,7 +22,8 @@ Its interfaces, each written down in its module:
   (``stats.py``). It gets everything of its runner from the **StreamHost** (``host.py``)
   the runner makes for each call: frozen ``StreamSettings``, the ``Learned`` figures, the
   ``CallGate`` (one call at a time), the transport, the hooks and cfg, and callables to keep
-  its statistics, close the runner and filter input that does not pickle.
+  its statistics, close the runner and filter input that does not pickle. The runner's
+  hooks run in its consumer thread, kept between calls (``consumer_thread.py``).
 * **InputSide** (``input_side.py``): the input side a ``Call`` holds, used through a few
   documented methods: reads the input (``runs.py``; the input thread is ``reader.py``),
   batches it by measured cost within a window of items and of bytes (``batching.py``),
@@ -36,7 +37,8 @@ Its interfaces, each written down in its module:
 One call, in the order the modules are passed: ``BaseRunner.__call__``
 (``easycore.common.parallel.engine``) makes a ``StreamHost`` (``host.py``) and a ``Call``
 (``stream.py``); the call takes the runner (``CallGate.begin``) and starts its input side
-(``input_side.py``, ``reader.py``, ``runs.py``), which sizes batches (``batching.py``),
+(``input_side.py``, ``reader.py``, ``runs.py``) and hands the consumer hooks to the
+runner's consumer thread (``consumer_thread.py``); the input side sizes batches (``batching.py``),
 pickles them (``wire.py``) and sends them on the transport (``transport.py``); a producer
 process (``process_main.py``) runs each batch in its ``ProducerCore`` (``producer.py``) and
 sends back results or an error report (``reports.py``); the call unpickles, orders, runs

@@ -9,8 +9,9 @@ itself.
   ``end`` lets the next one in);
 * :class:`StreamHost`: the above, plus the call's number and producers (its transport),
   the consumer hooks and cfg, and what the call may ask of the runner: a reorder buffer,
-  to keep its statistics, to close it (a producer died, Ctrl-C, a timeout), and what to send
-  of input that does not pickle (the runner's :class:`~easycore._engine.extension.Extension`).
+  to keep its statistics, to close it (a producer died, Ctrl-C, a timeout), what to send
+  of input that does not pickle (the runner's :class:`~easycore._engine.extension.Extension`),
+  and the runner's consumer thread (``consumer_thread.py``).
 
 It also holds the progress bar that runners and the pool show (:func:`progress_bar`).
 """
@@ -29,6 +30,7 @@ from easycore.errors import RunnerBusyError, RunnerTimeoutError
 
 if TYPE_CHECKING:
     from easycore._core import ReorderBuffer
+    from easycore._engine.consumer_thread import ConsumerSlot
     from easycore._engine.transport import Transport
 
 
@@ -166,6 +168,8 @@ class StreamHost:
             timeout).
         keep_sendable: ``keep_sendable(items, first, error)``: what to send of a batch that
             does not pickle (see :meth:`~easycore._engine.extension.Extension.keep_sendable`).
+        consumer: the runner's :class:`~easycore._engine.consumer_thread.ConsumerSlot`: the
+            thread that runs the consumer hooks, kept between calls.
     """
 
     settings: StreamSettings
@@ -180,6 +184,7 @@ class StreamHost:
     keep_stats: Callable[[RunnerStats], None]
     shutdown: Callable[[bool], None]
     keep_sendable: Callable[[list[Any], int, Exception], list[Any]]
+    consumer: ConsumerSlot
 
 
 def progress_bar(progress: Any, total: int | None, desc: str) -> Any:

@@ -163,7 +163,10 @@ class Call:
         self.in_wait0 = 0.0
         self.out_wait0 = 0.0
         self.ended = False
+        # The thread that runs the hooks (run_with_consumer), and the event set once they
+        # are over (its job, not the thread, ends: consumer_thread.py).
         self.consumer: threading.Thread | None = None
+        self.consumer_done: threading.Event | None = None
 
     # ----- what the pool's stream reads of its call -----
 
@@ -471,13 +474,12 @@ class Call:
         cfg = copy.deepcopy(self.host.cfg)
         result: list[Any] = []
         try:
-            consumer = threading.Thread(
-                target=self._consume, args=(cfg, result), name="easycore-consumer", daemon=True
-            )
-            self.consumer = consumer
-            consumer.start()
-            while consumer.is_alive():
-                consumer.join(TICK)
+            # The runner's consumer thread, parked since its last call (a new one at the
+            # first call, or after a fork ended it: consumer_thread.py).
+            self.consumer, done = self.host.consumer.run(lambda: self._consume(cfg, result))
+            self.consumer_done = done
+            while not done.wait(TICK):
+                pass
         except BaseException as e:
             self._fail(e)
             raise
@@ -554,10 +556,11 @@ class Call:
             return
         self.ended = True
         self.stop()
-        if self.consumer is not None and self.consumer is not threading.current_thread():
+        done = self.consumer_done
+        if done is not None and self.consumer is not threading.current_thread():
             # It stops within a tick (unless busy in consumer_work); it must not read the
             # output queue while a shutdown collects the producers' goodbyes.
-            self.consumer.join(2.0)
+            done.wait(2.0)
         self.input.join_reader()
         self._record_stats()
         fatal = isinstance(

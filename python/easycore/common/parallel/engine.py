@@ -33,6 +33,7 @@ from easycore._core import (
     ReorderBuffer,
 )
 from easycore._engine import lifecycle, plugins, wire
+from easycore._engine.consumer_thread import ConsumerSlot, retire_parked
 from easycore._engine.extension import NO_EXTENSION, Extension
 from easycore._engine.flavour import PLAIN, Flavour
 from easycore._engine.host import CallGate, Learned, StreamHost, StreamSettings
@@ -107,6 +108,12 @@ class BaseRunner(RunnerHooks):
     hooks. The runner is active (its processes started) after construction. Inside the
     producer hooks, :func:`~easycore.common.parallel.worker_info` tells which producer runs.
 
+    The consumer hooks run in the runner's consumer thread (``"easycore-consumer"``), one for
+    the runner's life: it waits between calls, and is ended by :meth:`close` and before any
+    fork of the process (forks, and runners made later, see no thread of this runner); the
+    next call then starts a new one. Thread-local state a consumer hook sets (torch's grad
+    mode, say) therefore carries to the next call's hooks while the thread lasts.
+
     Args:
         devices (int or Iterable): an int ``n`` uses ``n`` ``"cpu"`` producers; an iterable
             gives one producer per entry, such as ``["cpu", "cuda:0", "cuda:1"]``.
@@ -180,6 +187,7 @@ class BaseRunner(RunnerHooks):
             raise InvalidArgument(f"queue_scale must be positive, got {queue_scale!r}")
         self._queue_scale = float(queue_scale)
         if self._remote is None:
+            retire_parked()  # other runners' consumer threads between calls do not count
             self._start_method = choose_start_method(start_method, self._devices)
             self._start_reason = start_method_reason(
                 start_method, self._devices, self._start_method
@@ -222,6 +230,9 @@ class BaseRunner(RunnerHooks):
         self._reorder: ReorderBuffer | None = None
         self._lock = threading.Lock()
         self._gate = CallGate(type(self).__name__)  # one call at a time
+        # The consumer hooks' thread, parked between calls; ended with the runner.
+        self._consumer = ConsumerSlot("easycore-consumer")
+        weakref.finalize(self, self._consumer.retire, False).atexit = False
         self.stats = RunnerStats()
         # What each producer's producer_end returned, by position in devices, when the
         # producers last stopped (close()); None for one that returned nothing or died.
@@ -251,6 +262,7 @@ class BaseRunner(RunnerHooks):
             keep_stats=self._keep_stats,
             shutdown=self._shutdown,
             keep_sendable=self._extension.keep_sendable,
+            consumer=self._consumer,
         )
 
     def _keep_stats(self, stats: RunnerStats) -> None:
@@ -332,6 +344,8 @@ class BaseRunner(RunnerHooks):
         """Starts local producers: forked by the zygote where the extension asks for one
         (made at the first start, under fork: see ``_engine/zygote.py``)."""
         first = self._extension.fork_from_zygote and not self._zygote_made
+        if first:
+            retire_parked()  # as in __init__: parked threads do not count
         if first and threading.active_count() == 1:
             # One thread: the first producers are forked here (no round trip to a zygote),
             # and the zygote right after, as they saw this process, forks their replacements.
@@ -387,6 +401,7 @@ class BaseRunner(RunnerHooks):
         self._shutdown(interrupt=False)
 
     def _shutdown(self, interrupt: bool) -> None:
+        self._consumer.retire()
         with self._lock:
             workers, self._workers = self._workers, None
             if self._finalizer is not None:
