@@ -15,6 +15,7 @@ import time
 
 import pytest
 import runner_defs as rd
+from easycore._engine import consumer_thread
 from easycore._engine.consumer_thread import ConsumerSlot, retire_parked
 from easycore.common.parallel import OrderedRunner
 
@@ -172,3 +173,24 @@ def test_a_job_that_raises_ends_its_thread_and_never_leaves_its_caller_waiting()
     assert after is not thread and after_done.wait(30) and ran == [1]
     slot.retire()
     assert not after.is_alive()
+
+
+def test_parked_threads_can_be_ended_by_the_thread_that_holds_the_lock():
+    # A runner's finalizer (garbage collection, at any allocation) or a signal handler may
+    # end consumer threads while their thread is inside the module's lock.
+    slot = ConsumerSlot("easycore-consumer")
+    other = ConsumerSlot("easycore-consumer")
+    thread, done = slot.run(lambda: None)
+    other_thread, other_done = other.run(lambda: None)
+    assert done.wait(30) and other_done.wait(30)  # both parked
+
+    def inside_the_lock() -> None:
+        with consumer_thread._LOCK:
+            slot.retire()
+            retire_parked()
+
+    t = threading.Thread(target=inside_the_lock, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), "ending parked threads waited on the lock its own thread held"
+    assert not thread.is_alive() and not other_thread.is_alive()

@@ -19,9 +19,11 @@ States of a :class:`ConsumerThread` (``_LOCK`` guards ``_PARKED`` and ``keep``; 
 thread's own condition guards its job): *running a job* (claimed: by its slot's call) →
 *parked* (in ``_PARKED``, after the job, unless ``keep`` was cleared) → *claimed* (taken
 out of ``_PARKED`` by its slot, given the next job) or *ending* (taken out of ``_PARKED`` by
-:func:`retire_parked` or :meth:`ConsumerThread.retire`, told to end). A thread is taken out
-of ``_PARKED`` by one party only (under ``_LOCK``), so a call never hands a job to a thread
-that is ending: it finds the thread gone and starts another.
+:func:`retire_parked` or :meth:`ConsumerThread.retire`, told to end). A thread leaves
+``_PARKED`` by one ``set.remove``/``set.pop`` (one step under the GIL), so exactly one party
+takes it, and a call never hands a job to a thread that is ending: it finds the thread gone
+and starts another. ``_LOCK`` is re-entrant: a runner's finalizer (garbage collection, at
+any allocation) or a signal handler may end a thread while its own thread holds the lock.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from collections.abc import Callable
 
 from easycore._engine.zygote import await_gone
 
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
 _PARKED: set[ConsumerThread] = set()  # guarded by _LOCK: threads between two jobs
 
 
@@ -57,10 +59,11 @@ class ConsumerThread:
         """Takes the thread out of the parked ones; False if it is not parked (running a
         job, or ended)."""
         with _LOCK:
-            if self in _PARKED:
+            try:
                 _PARKED.remove(self)
-                return True
-            return False
+            except KeyError:
+                return False
+            return True
 
     def run(self, job: Callable[[], None]) -> threading.Event:
         """Runs ``job`` (which must not raise) in the thread; only by the party that made or
@@ -76,12 +79,13 @@ class ConsumerThread:
         a parked one has left the OS."""
         with _LOCK:
             self.keep = False
-            parked = self in _PARKED
-            _PARKED.discard(self)
-        if parked:
-            self.end()
-            if wait:
-                await_gone([self.thread])
+            try:
+                _PARKED.remove(self)
+            except KeyError:
+                return  # running a job (it ends after it), or ended
+        self.end()
+        if wait:
+            await_gone([self.thread])
 
     def end(self) -> None:
         """Tells a thread taken out of the parked ones (or never parked) to end once it has
@@ -148,13 +152,14 @@ class ConsumerSlot:
 def retire_parked() -> None:
     """Ends every parked consumer thread and waits until they have left the OS (before a
     fork, and before a runner counts threads to choose its start method)."""
+    if not _PARKED:
+        return
+    parked: list[ConsumerThread] = []
     with _LOCK:
-        if not _PARKED:
-            return
-        parked = list(_PARKED)
-        _PARKED.clear()
-        for thread in parked:
+        while _PARKED:
+            thread = _PARKED.pop()
             thread.keep = False
+            parked.append(thread)
     for thread in parked:
         thread.end()
     await_gone([thread.thread for thread in parked])
@@ -164,7 +169,7 @@ def _forget_parked() -> None:
     """In a forked child: the parent's parked threads do not exist here, and another of
     its threads may have held the lock at the fork."""
     global _LOCK
-    _LOCK = threading.Lock()
+    _LOCK = threading.RLock()
     _PARKED.clear()
 
 
