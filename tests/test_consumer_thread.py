@@ -17,13 +17,12 @@ import pytest
 import runner_defs as rd
 from easycore._engine import consumer_thread
 from easycore._engine.consumer_thread import ConsumerSlot, retire_parked
-from easycore.common.parallel import OrderedRunner
 
 pytestmark = pytest.mark.timeout(120)
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-class WhereHooksRun(OrderedRunner):
+class WhereHooksRun(rd.Collect):
     """Records the thread each call's hooks ran in."""
 
     @staticmethod
@@ -32,12 +31,8 @@ class WhereHooksRun(OrderedRunner):
 
     @staticmethod
     def consumer_init(cfg):
+        rd.Collect.consumer_init(cfg)
         cfg.thread = threading.current_thread()
-        cfg.out = []
-
-    @staticmethod
-    def consumer_work(cfg, data):
-        cfg.out.append(data)
 
     @staticmethod
     def consumer_end(cfg):
