@@ -1,6 +1,7 @@
 """Runners under producer deaths at random instants: a producer SIGKILLed, or
 SIGSTOPped and then killed, in the middle of a call with many tiny items must always end in
-WorkerDiedError, never a hang, however often it is tried."""
+WorkerDiedError, never a hang, however often it is tried; the runner then works again (its
+consumer thread kept between calls), and closed runners leave no thread behind."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ class Big(UnorderedRunner):
 
 def main(trials, seed):
     rnd = random.Random(seed)
-    outcomes, latencies = [], []
+    outcomes, latencies, again = [], [], []
     for trial in range(trials):
         cls = rnd.choice([Square, OrderedSquare, Big])
         runner = cls(2, start_method="fork")  # its classes live in this -c script
@@ -87,6 +88,15 @@ def main(trials, seed):
         except BaseException as e:
             outcomes.append(f"{{type(e).__name__}}: {{e}}")
         timer.join()
+        # The runner works again after the death: two calls, the second in the consumer
+        # thread kept from the first.
+        try:
+            runner.activate()
+            runner(range(50))
+            runner(x for x in range(50))
+            again.append("ok")
+        except BaseException as e:
+            again.append(f"{{type(e).__name__}}: {{e}}")
         runner.close()
     import gc
     from easycore._core import identity
@@ -94,7 +104,9 @@ def main(trials, seed):
     tag = identity()
     names = os.listdir("/dev/shm")
     leaked = [n for n in names if n.startswith("ec." + tag) and not n.endswith(".live")]
-    print(json.dumps({{"outcomes": outcomes, "latencies": latencies, "leaked": leaked}}))
+    consumers = [t.name for t in threading.enumerate() if t.name == "easycore-consumer"]
+    print(json.dumps({{"outcomes": outcomes, "latencies": latencies, "leaked": leaked,
+                      "again": again, "consumers": consumers}}))
 
 
 main(int(sys.argv[1]), int(sys.argv[2]))
@@ -115,5 +127,7 @@ def test_a_producer_killed_or_stopped_at_random_always_ends_in_worker_died(seed)
     report = json.loads(r.stdout.strip().splitlines()[-1])
     assert report["outcomes"] == ["died"] * trials, report["outcomes"]
     assert report["leaked"] == [], "shared memory left behind by closed runners"
+    assert report["again"] == ["ok"] * trials, report["again"]
+    assert report["consumers"] == [], "consumer threads left behind by closed runners"
     # For the record (not a timed assertion): kill-to-error latencies.
     print("latencies (s):", [round(x, 3) for x in report["latencies"]])
