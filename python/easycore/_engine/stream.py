@@ -148,6 +148,9 @@ class Call:
             runs=runs,
         )
         self.reorder: ReorderBuffer | None = None  # an ordered runner's, taken in _start
+        # The receiving loop's chunks taken from messages and not yet yielded (it yields one
+        # at a time): exchange hands them out before it takes new messages.
+        self.held: list[tuple[int, list[Any], int]] = []
         # Per producer (by position): ``[busy, wait]`` as counted into ``stats`` so far, then
         # ``[busy, wait]`` as it last reported them (the cumulative seconds of that process,
         # sent with each result message). A message only stores its figures (in the receiving
@@ -314,17 +317,19 @@ class Call:
             ready = self._take(msgs)
             msgs = None
             ready.reverse()
+            self.held = ready
             while ready:
                 yield ready.pop()
 
     def exchange(self, wait: float, loop: Generator[list[Any], None, None]) -> list[list[Any]]:
         """One step of the receiving loop for a thread that holds the stream while the loop
         ``loop`` (this call's :meth:`iterate_chunks`) is suspended between two messages,
-        with nothing else to do (the pool's request/response path): sends the batch that
-        ``InputSide.send_direct`` left pending (if any), waits up to ``wait`` seconds for
-        result messages and returns their results, one list per message, each counted as
-        delivered. ``[]``: none came (a wake-up, or the wait ran out). Where the loop has
-        other work first (an error to raise, an ordered call, the call stopped), the loop
+        with nothing else to do (the pool's caller that holds the stream): sends the batch
+        that ``InputSide.send_direct`` left pending and input read meanwhile (if any), waits
+        up to ``wait`` seconds for result messages and returns their results, one list per
+        message, each counted as delivered. ``[]``: none came (a wake-up, or the wait ran
+        out). Where the loop has other work first (an error to raise, an ordered call, the
+        call stopped, results it took from a message and has not yielded yet), the loop
         itself runs one step instead (its next message's results, in a list); an error of
         this step is thrown into the loop, which ends the call as for its own errors and
         raises it (StopIteration: the loop ended).
@@ -334,7 +339,7 @@ class Call:
                 unless its caller ends it.
         """
         inp = self.input
-        if self.reorder is not None or inp.abort:
+        if self.reorder is not None or inp.abort or self.held:
             return [next(loop)]
         # (Each step here runs at every round trip of a request/response loop, where a
         # Python frame costs about 0.1 µs on a core shared with the worker: no frame that
@@ -377,6 +382,12 @@ class Call:
         except BaseException as e:  # noqa: BLE001 - the loop ends the call and raises it
             return [loop.throw(e)]
         return [next(loop)]
+
+    def wake_receiver(self) -> None:
+        """Wakes the thread waiting for this call's results (in :meth:`exchange`, or the
+        receiving loop) with a ``WAKE`` message, from any thread; never blocks (a full
+        output queue has messages for it anyway)."""
+        self.workers.wake(self.call, timeout=0.0)
 
     def _take(self, msgs: list[Any]) -> list[tuple[int, list[Any], int]]:
         out: list[tuple[int, list[Any], int]] = []

@@ -78,8 +78,10 @@ class Transport:
         without first saying it is about to sleep."""
         return 0
 
-    def wake(self, call: int) -> None:
-        """Wakes the thread blocked in :meth:`receive` (a ``WAKE`` message of ``call``)."""
+    def wake(self, call: int, timeout: float = 1.0) -> None:
+        """Wakes the thread blocked in :meth:`receive` (a ``WAKE`` message of ``call``),
+        waiting up to ``timeout`` seconds for room (none: the receiver has messages to take,
+        or wakes on its tick anyway)."""
         raise NotImplementedError
 
     def wait_seconds(self) -> tuple[float, float]:
@@ -330,9 +332,9 @@ class LocalWorkers(Transport):
                 )
         return None
 
-    def wake(self, call: int) -> None:
+    def wake(self, call: int, timeout: float = 1.0) -> None:
         try:
-            self.out_q.put(0, wire.pack_kind(wire.WAKE, call), [b""], timeout=1.0)
+            self.out_q.put(0, wire.pack_kind(wire.WAKE, call), [b""], timeout=timeout)
         except (QueueFull, QueueClosed):
             pass  # the receiver wakes on its tick anyway
 

@@ -19,7 +19,7 @@ from typing import Any
 from easycore._engine.lifecycle import TICK
 from easycore._engine.probes import PROBE_INHERITED_S
 from easycore.errors import PoolClosedError, PoolTimeoutError
-from easycore.parallel.job import ASK, GIVE, READ, WAIT, _Job
+from easycore.parallel.job import ASK, GIVE, READ, RECEIVE, WAIT, _Job
 from easycore.parallel.results import AsyncResult, _async_result
 from easycore.parallel.schedule import Scheduler
 from easycore.parallel.tasks import mark_abandoned
@@ -86,6 +86,12 @@ def result_chunks(
     # turn.py); not with a deadline (reading the input could outlast it).
     allowed = deadline is None and scheduler.direct_ok
     drained = scheduler.stream_drained
+    # With nothing to take, the caller receives itself while the stream lets it (the one
+    # call the pool has: turn.py, StreamService._lone_caller), else it waits on the job;
+    # after a receive, not again before a wait or a result (``tried``).
+    job.receives = allowed
+    turn_free = scheduler.turn_free
+    tried = False
     # Results of the chunks handed out whole since they were last counted in job.consumed.
     # A result counts as consumed only once the caller has it: until then it is held here,
     # in its chunk, and (large results) in its pooled segment, and the feed must not read
@@ -129,11 +135,15 @@ def result_chunks(
                         else:
                             got = []
                     if n:
+                        tried = False
                         break
                     if job.input_done and job.consumed >= job.pulled:
                         return
                     step = job.wait_step(allowed, drained)
                     if step != WAIT:
+                        break
+                    if allowed and not tried and turn_free():
+                        step = RECEIVE
                         break
                     # On trial, its end is looked at after a wait of its span (wait_step).
                     wait = PROBE_INHERITED_S if job.trial_until else TICK
@@ -144,10 +154,17 @@ def result_chunks(
                     job.waiting = True
                     job.cv.wait(wait)
                     job.waiting = False
+                    tried = False
                 if step == WAIT and n > 1:
                     job.ran_ahead()
             if full:  # the feed may wait for this job's room: wake it (not under job.cv)
                 scheduler.notify()
+            if step == RECEIVE:
+                # Once a receive ends without a result to take, the next look waits on the
+                # job (a result handed out allows another receive).
+                scheduler.receive_for(job)
+                tried = True
+                continue
             if step == READ:
                 own = scheduler.read_and_send(job)
                 if own is None:

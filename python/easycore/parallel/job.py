@@ -26,8 +26,9 @@ from easycore.errors import SerializationError
 
 _SEQUENCES = (range, list, tuple)  # inputs sliced into chunks without waiting
 # What a caller does when it finds no result (see wait_step): wait; read its next item
-# itself; ask the feed for its input; give its input back to the feed (which it wakes).
-WAIT, READ, ASK, GIVE = 0, 1, 2, 3
+# itself; ask the feed for its input; give its input back to the feed (which it wakes);
+# receive the stream's results itself (calls.py: instead of a wait).
+WAIT, READ, ASK, GIVE, RECEIVE = 0, 1, 2, 3, 4
 _FN_WIRE_MAX = 4096  # largest pickled function a worker keeps (see _Job.fn_wire)
 
 
@@ -191,7 +192,13 @@ class _Job:
         # The pool is closing: read the rest of the input regardless of the caller (as the
         # stdlib's pools finish every task given), so close()/join() end.
         self.drain = False
-        self.waiting = False
+        self.waiting = False  # its caller waits on cv for a result
+        # Its caller may receive the stream's results in its own thread while it waits
+        # (``turn.py``, ``CallerTurns.receive_for``): no ``timeout``, no ``maxtasksperchild``.
+        self.receives = False
+        # While it does (in receive_for), what wakes its wait on the stream: the job's own
+        # news (its input's end or error, a failure) must reach it there as on cv.
+        self.receiver: Callable[[], None] | None = None
         # The caller reads the input itself (calls.py): asked (want_direct), handed over by
         # the feed when it is not reading it (direct), while the caller reads an item and
         # until that item is sent or queued (caller_reads). Written under cv.
@@ -258,9 +265,10 @@ class _Job:
         return ahead < limit and 4 * ahead <= 3 * limit
 
     def has_result(self) -> bool:
-        """Whether the caller has something to take: a result or an error (a guess without
-        the lock)."""
-        if self.error is not None:
+        """Whether the caller has something to take: a result, or an error it raises now (an
+        ordered job's error once the results before it were taken) (a guess without the
+        lock)."""
+        if self.error is not None and (not self.ordered or self.next_index >= self.error_at):
             return True
         ready = self.ready
         return self.next_index in ready if self.ordered else bool(ready)
@@ -482,6 +490,7 @@ class _Job:
                 self.error = error
                 self.error_at = self.pulled if self.ordered else 0
             self.cv.notify_all()
+        self._wake_receiver()
 
     def fail(self, error: BaseException) -> None:
         with self.lock:
@@ -490,7 +499,16 @@ class _Job:
                 self.error = error
             self.error_at = 0  # results still missing may never come: raise now
             self.cv.notify_all()
+        self._wake_receiver()
 
     def wake(self) -> None:
         with self.lock:
             self.cv.notify_all()
+        self._wake_receiver()
+
+    def _wake_receiver(self) -> None:
+        """The job's caller, if it receives on the stream now (``receiver``), looks at the
+        job (not under the lock: the wake-up may wait for room in a queue)."""
+        receiver = self.receiver
+        if receiver is not None:
+            receiver()

@@ -58,6 +58,13 @@ class StreamProbe(Protocol):
         """A caller sends ``item`` of ``job``, read by itself, and receives its result, if
         the stream lets it; False: nothing was sent."""
 
+    def turn_free(self) -> bool:
+        """Whether a caller may take the stream's turn now (a guess)."""
+
+    def receive_for(self, job: _Job) -> bool:
+        """``job``'s caller, with no result to take, receives in its own thread until one
+        came, if the stream lets it; False: nothing was done."""
+
     def auto_chunk(self, job: _Job) -> int:
         """The chunk size of a sliced job without a ``chunksize``."""
 
@@ -134,6 +141,17 @@ class Scheduler:
         """Whether a caller reads its call's input itself (a guess, without the lock)."""
         jobs = self._jobs
         return bool(jobs) and any(job.direct for job in list(jobs.values()))
+
+    def lone_job(self) -> _Job | None:
+        """The one open call, if it is all the pool has to do: no other call, and no task
+        queued or on its way (a guess, without the lock)."""
+        jobs = self._jobs
+        if len(jobs) != 1 or self._tasks or self._running or self._resend:
+            return None
+        try:
+            return next(iter(jobs.values()))
+        except (StopIteration, RuntimeError):  # closed meanwhile (another thread)
+            return None
 
     @property
     def feed_waiting(self) -> bool:
@@ -216,6 +234,18 @@ class Scheduler:
                 self.sent_direct(job)
         own, job.own = job.own, None
         return own
+
+    def turn_free(self) -> bool:
+        """Whether a caller may take the stream's turn now (a guess, see
+        :meth:`receive_for`)."""
+        stream = self._stream
+        return stream is not None and stream.turn_free()
+
+    def receive_for(self, job: _Job) -> bool:
+        """``job``'s caller found no result: it receives in its own thread, if the stream
+        lets it (``StreamService.receive_for``), until one came; False: nothing was done."""
+        stream = self._stream
+        return stream is not None and stream.receive_for(job)
 
     def sent_direct(self, job: _Job) -> None:
         """The item that ``job``'s caller read itself is sent, or queued ahead of all else

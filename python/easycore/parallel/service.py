@@ -255,7 +255,7 @@ class StreamService(CallerTurns):
         park_ok = self._park_ok
 
         def still() -> bool:
-            return park_ok() and not self.worker_died()
+            return (park_ok() or self._lone_caller(False)) and not self.worker_died()
 
         try:
             while True:
@@ -297,6 +297,28 @@ class StreamService(CallerTurns):
             and call is not None
             and not call.abort
             and call.drained()
+        ) or self._lone_caller(True)
+
+    def _lone_caller(self, waiting: bool) -> bool:
+        """Whether the service thread may leave the stream to the caller of the one call the
+        pool has (:meth:`receive_for`): no other call, no task queued or on its way (a
+        task's future's callbacks run in this thread), no ``maxtasksperchild`` nor watch of
+        stuck tasks, a call without a ``timeout`` whose caller is still there, and with
+        ``waiting`` (the service thread parks only then) its caller waits for a result now.
+        Guesses, asked again every tick while parked; a task or call that comes meanwhile
+        wakes the service thread (the feed's ``input_coming``)."""
+        call = self.call
+        if call is None or call.abort or self.watch is not None:
+            return False
+        scheduler = self.scheduler
+        job = scheduler.lone_job()
+        return (
+            job is not None
+            and scheduler.direct_ok
+            and job.receives
+            and not job.closed
+            and not job.drain
+            and (job.waiting or not waiting)
         )
 
     def input_coming(self) -> None:

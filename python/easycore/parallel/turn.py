@@ -1,5 +1,5 @@
 """Who advances the pool's stream (receives its results): the service thread, or a caller in a
-request/response loop (:class:`Turn`).
+request/response loop, or the caller of the pool's one call (:class:`Turn`).
 
 A ``map``/``imap`` call whose input is a request/response loop (item i+1 exists only once
 its caller took result i) reads its own input in the caller's thread (``calls.py``). When
@@ -12,6 +12,12 @@ worker: two wake-ups a round trip, as a bare pipe). ``Pool.apply`` does the same
 task; after one, the service thread parks while nothing is on its way for a while
 (``StreamService._park_ok``). What the callers do is :class:`CallerTurns`, a part of the
 stream service.
+
+The service thread parks too, with work on its way, while one ``map``/``imap`` call is all
+the pool has to do and its caller waits for a result: that caller then receives until its
+call has one (:meth:`CallerTurns.receive_for`), routing what comes as the service thread
+would, and the service thread stays parked while it consumes (a runner's ``imap`` receives
+in its caller's thread the same way), so each message's results reach it with no hand-off.
 
 The service thread wakes (:meth:`Turn.wake`) when the feed has new work or the stream
 ends, when the pool is terminated, and when a caller gives the turn back with something
@@ -133,10 +139,29 @@ class Turn:
 
     # ----- a caller -----
 
+    def free(self) -> bool:
+        """Whether :meth:`try_take` would take the turn now (a guess, without the lock)."""
+        return (
+            self.parked
+            and not self.caller
+            and self.left is None
+            and self.wakes == self.parked_at
+            and not self.closed
+        )
+
     def try_take(self) -> bool:
-        """Takes the turn if the service thread is parked and nobody holds it."""
+        """Takes the turn if the service thread is parked, nobody holds it and nothing woke
+        the service thread since it parked (it takes the stream back first: a caller that
+        took the turn again at once after each give-back kept it from ever doing so, and it
+        woke for nothing at every give-back)."""
         with self.lock:
-            if not self.parked or self.caller or self.left is not None or self.closed:
+            if (
+                not self.parked
+                or self.caller
+                or self.left is not None
+                or self.wakes != self.parked_at
+                or self.closed
+            ):
                 return False
             self.caller = True
         return True
@@ -261,6 +286,84 @@ class CallerTurns:
             wake = left is not None or not inp.drained()
             return True
         finally:
+            turn.give_back(left, wake)
+
+    def turn_free(self) -> bool:
+        """Whether a caller may take the turn now (a guess: see :meth:`receive_for`)."""
+        turn = self.turn
+        return turn is not None and turn.free()
+
+    def receive_for(self, job: _Job) -> bool:
+        """A caller of ``job`` (a ``map``/``imap`` call) found no result to take. If the
+        service thread is parked (it parks for a call that is all the pool has to do while
+        its caller waits: :meth:`StreamService._lone_caller`), the caller receives in its
+        own thread until ``job`` has a result, routing what comes as the service thread
+        would, and True is returned; the service thread stays parked while the caller
+        consumes, so the results of such a call reach it with no hand-off through the
+        pool's threads (as a runner's ``imap`` receives in its caller's thread). A task's
+        result (its future's callbacks run in the service thread), the stream's error or
+        end, or a wait of a tick with nothing come give the stream back to the service
+        thread. Whether it held the turn (False: nothing was done).
+        """
+        turn = self.turn
+        if turn is None or not turn.try_take():
+            return False
+        call = turn.call
+        left: Left | None = None
+        wake = False
+        try:
+            if call.input.abort or self.runner.producer_died():
+                wake = True  # the service thread's to find, as for round_trip
+                return True
+            route = self._route
+            job.receiver = call.wake_receiver
+            inp = call.input
+            until = time.monotonic() + TICK
+            # (Until it has a result or an error, was closed, or its input ended with every
+            # result taken.)
+            while not (
+                job.has_result() or job.closed or (job.input_done and job.consumed >= job.pulled)
+            ):
+                if inp.abort:
+                    wake = True
+                    break
+                try:
+                    got = call.exchange(TICK, turn.chunks)
+                except StopIteration:
+                    left = Left(ended=True)
+                    break
+                except Exception as e:  # the stream failed: the service thread says so
+                    left = Left(error=e)
+                    break
+                except WaitInterrupted:  # Ctrl-C while waiting: it stops the pool
+                    raise KeyboardInterrupt from None
+                except BaseException:  # Ctrl-C inside the receiving loop: it ended
+                    left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
+                    raise
+                if not got:
+                    # A wake-up (input to send, the job's news: looked at above), or a wait
+                    # with nothing: after a tick of those, the service thread looks at the
+                    # stream (a worker's death, say).
+                    if time.monotonic() >= until:
+                        wake = True
+                        break
+                    continue
+                until = time.monotonic() + TICK
+                for k, results in enumerate(got):
+                    for r in results:
+                        if r is not None and r[0] == 0:
+                            # A task's result: the service thread routes from here on.
+                            left = Left(handed=[x for rs in got[k:] for x in rs])
+                            break
+                    else:
+                        route(results)
+                        continue
+                    break
+                if left is not None:
+                    break
+            return True
+        finally:
+            job.receiver = None
             turn.give_back(left, wake)
 
     def call_task(self, fut: Future[Any], blob: _TaskBlob) -> bool:

@@ -331,7 +331,7 @@ class RayWorkers(Transport):
 
     # ----- the rest of the Transport interface -----
 
-    def wake(self, call: int) -> None:
+    def wake(self, call: int, timeout: float = 1.0) -> None:
         self.inbox.push((0, wire.pack_kind(wire.WAKE, call), [b""]))
 
     def wait_seconds(self) -> tuple[float, float]:
