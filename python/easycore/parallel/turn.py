@@ -72,6 +72,25 @@ class Left:
         self.ended = ended
 
 
+def _exchange(call: Call, turn: Turn) -> list[list[Any]] | Left:
+    """One step of the stream (``Call.exchange``, waiting up to a tick) for a caller that
+    holds ``turn``: the results that came, or what to leave the service thread (the stream
+    ended or failed). Ctrl-C while it waited raises KeyboardInterrupt (nothing was taken:
+    the stream goes on); Ctrl-C inside the receiving loop ended the stream, which the
+    service thread is left to say."""
+    try:
+        return call.exchange(TICK, turn.chunks)
+    except StopIteration:
+        return Left(ended=True)
+    except Exception as e:  # noqa: BLE001 - the stream failed: the service thread says so
+        return Left(error=e)
+    except WaitInterrupted:
+        raise KeyboardInterrupt from None
+    except BaseException:
+        turn.leave(Left(error=RunnerClosedError("the pool's stream was interrupted")))
+        raise
+
+
 class Turn:
     """The right to advance one stream's generator ``chunks`` of ``call`` (see the module)."""
 
@@ -165,6 +184,12 @@ class Turn:
                 return False
             self.caller = True
         return True
+
+    def leave(self, left: Left) -> None:
+        """A caller that holds the turn leaves ``left`` to the service thread (before it gives
+        the turn back)."""
+        with self.lock:
+            self.left = left
 
     def give_back(self, left: Left | None, wake: bool) -> None:
         """Gives the turn back, leaving ``left`` to the service thread; with ``wake`` (work
@@ -288,6 +313,18 @@ class CallerTurns:
         finally:
             turn.give_back(left, wake)
 
+    def _take_turn(self) -> Turn | None:
+        """The turn, taken, if the service thread is parked and the stream may be used: not
+        a stopping call, nor beside a dead worker (the service thread's to find: a quiet
+        restart; as ``round_trip`` does inline); None: nothing was done."""
+        turn = self.turn
+        if turn is None or not turn.try_take():
+            return None
+        if turn.call.input.abort or self.runner.producer_died():
+            turn.give_back(None, wake=True)
+            return None
+        return turn
+
     def turn_free(self) -> bool:
         """Whether a caller may take the turn now (a guess: see :meth:`receive_for`)."""
         turn = self.turn
@@ -303,18 +340,15 @@ class CallerTurns:
         pool's threads (as a runner's ``imap`` receives in its caller's thread). A task's
         result (its future's callbacks run in the service thread), the stream's error or
         end, or a wait of a tick with nothing come give the stream back to the service
-        thread. Whether it held the turn (False: nothing was done).
+        thread. Whether it took the turn (False: nothing was done).
         """
-        turn = self.turn
-        if turn is None or not turn.try_take():
+        turn = self._take_turn()
+        if turn is None:
             return False
         call = turn.call
         left: Left | None = None
         wake = False
         try:
-            if call.input.abort or self.runner.producer_died():
-                wake = True  # the service thread's to find, as for round_trip
-                return True
             route = self._route
             job.receiver = call.wake_receiver
             inp = call.input
@@ -327,19 +361,10 @@ class CallerTurns:
                 if inp.abort:
                     wake = True
                     break
-                try:
-                    got = call.exchange(TICK, turn.chunks)
-                except StopIteration:
-                    left = Left(ended=True)
+                got = _exchange(call, turn)
+                if isinstance(got, Left):
+                    left = got
                     break
-                except Exception as e:  # the stream failed: the service thread says so
-                    left = Left(error=e)
-                    break
-                except WaitInterrupted:  # Ctrl-C while waiting: it stops the pool
-                    raise KeyboardInterrupt from None
-                except BaseException:  # Ctrl-C inside the receiving loop: it ended
-                    left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
-                    raise
                 if not got:
                     # A wake-up (input to send, the job's news: looked at above), or a wait
                     # with nothing: after a tick of those, the service thread looks at the
@@ -374,15 +399,13 @@ class CallerTurns:
         the service thread parks after tasks too for a while, so that the next ``apply`` of
         a loop finds it parked."""
         self.task_wait = time.monotonic()
-        turn = self.turn
-        if turn is None or not turn.try_take():
+        turn = self._take_turn()
+        if turn is None:
             return False
         call = turn.call
         left: Left | None = None
         wake = True
         try:
-            if call.input.abort or self.runner.producer_died():
-                return False  # as round_trip: the service thread's to find
             tid = self.scheduler.begin_task(fut)
             if tid is None:
                 return False  # closing: the caller's queueing says so
@@ -392,19 +415,10 @@ class CallerTurns:
                 return True
             route = self._route
             while not fut.done():
-                try:
-                    got = call.exchange(TICK, turn.chunks)
-                except StopIteration:
-                    left = Left(ended=True)
+                got = _exchange(call, turn)
+                if isinstance(got, Left):
+                    left = got
                     break
-                except Exception as e:  # the stream failed: the service thread says so
-                    left = Left(error=e)
-                    break
-                except WaitInterrupted:  # Ctrl-C while waiting: the stream goes on
-                    raise KeyboardInterrupt from None
-                except BaseException:  # Ctrl-C inside the receiving loop: it ended
-                    left = Left(error=RunnerClosedError("the pool's stream was interrupted"))
-                    raise
                 if not got:
                     break  # the service thread receives it (as in round_trip)
                 for k, results in enumerate(got):
