@@ -137,3 +137,22 @@ def test_a_caller_does_not_take_the_turn_while_the_service_thread_is_woken():
     assert turn.wait(lambda: True) is None  # it returns at once, woken: the stream is its own
     assert turn.park_if(lambda: True)
     assert turn.try_take()
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_worker_that_dies_while_its_caller_receives_fails_the_call_and_the_pool_goes_on(
+    ordered,
+):
+    # The caller holds the stream, waiting on it, when a worker dies: after a tick with
+    # nothing come it hands the stream to the service thread, which finds the death and
+    # fails the call; nothing hangs, and the next call restarts the workers.
+    from easycore.errors import WorkerDiedError
+
+    die = functools.partial(pd.die_on, bad=150)
+    with Pool(2) as p:
+        assert sorted(p.imap_unordered(pd.square, _slowly(100))) == [x * x for x in range(100)]
+        with pytest.raises(WorkerDiedError):
+            it = p.imap(die, _slowly(400)) if ordered else p.imap_unordered(die, _slowly(400))
+            for _ in it:
+                pass
+        assert list(p.imap(pd.square, _slowly(50))) == [x * x for x in range(50)]
