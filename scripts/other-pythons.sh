@@ -42,7 +42,7 @@ fi
 
 suites=(tests/test_pool.py tests/test_pool_dropin.py tests/test_pool_forks.py tests/test_pool_queue.py
         tests/test_queue.py tests/test_runner.py tests/test_stdlib_conformance.py
-        tests/test_consumer_thread.py)
+        tests/test_consumer_thread.py tests/test_pool_caller_receives.py)
 for py in "${pythons[@]}"; do
     version=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')
     venv="$root/.venv-py$version"
