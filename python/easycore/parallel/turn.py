@@ -375,15 +375,11 @@ class CallerTurns:
                     continue
                 until = time.monotonic() + TICK
                 for k, results in enumerate(got):
-                    for r in results:
-                        if r is not None and r[0] == 0:
-                            # A task's result: the service thread routes from here on.
-                            left = Left(handed=[x for rs in got[k:] for x in rs])
-                            break
-                    else:
-                        route(results)
-                        continue
-                    break
+                    if any(r is not None and r[0] == 0 for r in results):
+                        # A task's result: the service thread routes from here on.
+                        left = Left(handed=[x for rs in got[k:] for x in rs])
+                        break
+                    route(results)
                 if left is not None:
                     break
             return True
